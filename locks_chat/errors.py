@@ -1,0 +1,41 @@
+"""Typed errors for what users cause, each carrying its exit code.
+
+The CLI edge maps every :class:`LocksChatError` to its one-line message and its
+``exit_code`` without a traceback; anything else is a bug. Messages name what is
+wrong and the next step, on one line, e.g.
+``book.pdf: encrypted: pass --password``.
+"""
+
+from __future__ import annotations
+
+
+class LocksChatError(Exception):
+    """Base of the errors a user can cause and fix.
+
+    Args:
+        message (str): one line: what is wrong, then the next step.
+    """
+
+    exit_code: int = 2
+    """process exit status the CLI returns for this error (2: bad input)"""
+
+    def __init__(self, message: str) -> None:
+        assert "\n" not in message, "error messages are one line"
+        super().__init__(message)
+        self.message = message
+
+
+class DocumentError(LocksChatError):
+    """A document that cannot be read: missing, unsupported or malformed."""
+
+
+class EncryptedError(DocumentError):
+    """An encrypted document that needs a password, or was given a wrong one."""
+
+
+class NoTextError(DocumentError):
+    """A document, or a selected page range, with no extractable text (scanned)."""
+
+
+class PageRangeError(LocksChatError):
+    """A ``--pages`` selection that is malformed, empty or out of range."""

@@ -1,0 +1,73 @@
+"""Decoding text files: UTF-8 silently, anything else with a warning, never a crash."""
+
+from __future__ import annotations
+
+import codecs
+
+from locks_chat.errors import DocumentError
+
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+# share of control characters (other than whitespace) above which bytes are not text
+_MAX_CONTROL_SHARE = 0.01
+
+
+def decode_text(data: bytes, source: str) -> tuple[str, list[str]]:
+    """Decode the bytes of a text file.
+
+    Order: a byte-order mark (UTF-8/16/32) decides; else strict UTF-8; else the encoding
+    charset-normalizer finds most likely (latin-1, cp1252, BOM-less UTF-16, ...), with a
+    warning naming it.
+
+    Args:
+        data (bytes): the file's content.
+        source (str): the file name, for messages.
+
+    Returns:
+        the text and the warnings (one line each).
+
+    Raises:
+        DocumentError: the bytes are not text in any encoding (a binary file).
+    """
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            text = _checked(data.decode(encoding, errors="replace"), source)
+            warnings = _replacement_warning(text, encoding)
+            if encoding.startswith("utf-16") or encoding.startswith("utf-32"):
+                warnings.insert(0, f"not UTF-8; decoded as {encoding.upper()} (byte-order mark)")
+            return text, warnings
+    try:
+        text = data.decode("utf-8")
+        if not _looks_binary(text):
+            return text, []
+    except UnicodeDecodeError:
+        pass
+    from charset_normalizer import from_bytes
+
+    best = from_bytes(data).best()
+    if best is None:
+        raise DocumentError(f"{source}: not a text file in any known encoding; pass a PDF, EPUB, text or Markdown file")
+    text = _checked(str(best), source)
+    return text, [f"not UTF-8; decoded as {best.encoding}, check accented characters"]
+
+
+def _looks_binary(text: str) -> bool:
+    sample = text[:65536]
+    controls = sum(1 for ch in sample if ord(ch) < 32 and ch not in "\n\r\t\f")
+    return bool(sample) and controls / len(sample) > _MAX_CONTROL_SHARE
+
+
+def _checked(text: str, source: str) -> str:
+    if _looks_binary(text):
+        raise DocumentError(f"{source}: binary data, not text; pass a PDF, EPUB, text or Markdown file")
+    return text
+
+
+def _replacement_warning(text: str, encoding: str) -> list[str]:
+    bad = text.count("\ufffd")
+    return [f"{bad} undecodable bytes replaced while decoding as {encoding}"] if bad else []

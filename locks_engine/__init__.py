@@ -1,0 +1,3 @@
+from locks_engine.config import LocksConfig
+
+__all__ = ["LocksConfig"]

@@ -1,0 +1,156 @@
+"""Baseline page selectors behind the same interface as ``score_pages``: each returns estimated log masses
+`[S, HQ, Pmax]` (``-inf`` for incomplete pages) that ``select_pages`` turns into a selection.
+
+- exact-LSE oracle: the true log mass of each page; reads every key (the upper reference).
+- Quest (Tang et al., ICML 2024, Section 3): per-page channel min/max, score ``sum_d max(q_d min_d, q_d max_d)``,
+  an upper bound on the page's largest logit.
+- shared basis: one rank-r basis per KV head for all pages, per-page centroid and coefficients.
+- window: the sink page and the most recent pages (StreamingLLM-style).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from locks_engine.config import LocksConfig
+from locks_engine.ops.paging import gather_pages, page_token_mask, physical_page_ids
+from locks_engine.ops.quant import dequantize, quantize_symmetric
+from locks_engine.ops.score import expand_kv_heads, mask_incomplete
+from locks_engine.ops.summaries import PageSummaries, summary_bytes
+
+
+def oracle_scores(
+    q: Tensor, k_cache: Tensor, block_table: Tensor, seq_lens: Tensor, page_size: int, scale: float | None = None
+) -> Tensor:
+    """Exact log attention mass of every complete page, ``logsumexp_i(scale * q.k_i)`` over its real keys.
+
+    Args:
+        q (Tensor): `[S, HQ, D]`; k_cache (Tensor): `[num_blocks, block_size, H, D]`;
+        block_table (Tensor): `[S, max_blocks]`; seq_lens (Tensor): `[S]` tokens; page_size (int): B.
+    Returns:
+        Tensor: fp32 `[S, HQ, Pmax]`, ``-inf`` for incomplete pages.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    keys = expand_kv_heads(gather_pages(k_cache, block_table, page_size), q.shape[1], 3)  # [S, Pmax, B, HQ, D]
+    logits = scale * torch.einsum("shd,spbhd->shpb", q.float(), keys.float())
+    valid = page_token_mask(seq_lens, keys.shape[1], page_size).unsqueeze(1)  # [S, 1, Pmax, B]
+    scores = torch.logsumexp(logits.masked_fill(~valid, float("-inf")), dim=-1)
+    return mask_incomplete(scores, seq_lens, page_size)
+
+
+@dataclass
+class QuestSummaries(PageSummaries):
+    """Per-page channel minimum and maximum of the keys (``centroid``/``basis``/``coeffs`` unused, empty)."""
+
+    key_min: Tensor | None = None
+    """`[P, H, D]` fp16."""
+    key_max: Tensor | None = None
+    """`[P, H, D]` fp16."""
+
+
+def build_quest_summaries(keys: Tensor) -> QuestSummaries:
+    """Quest page summaries from keys `[P, B, H, D]` (fp16 min and max per channel: ``4 D`` bytes per head)."""
+    empty = keys.new_zeros((keys.shape[0], 0))
+    return QuestSummaries(
+        "quest", empty, empty, empty,
+        key_min=keys.amin(dim=1).to(torch.float16), key_max=keys.amax(dim=1).to(torch.float16),
+    )
+
+
+def quest_scores(
+    q: Tensor, store: QuestSummaries, block_table: Tensor, seq_lens: Tensor, page_size: int, block_size: int,
+    scale: float | None = None,
+) -> Tensor:
+    """Quest's upper bound as a log mass: ``log B + scale * sum_d max(q_d min_d, q_d max_d)``.
+
+    Returns:
+        Tensor: fp32 `[S, HQ, Pmax]`, ``-inf`` for incomplete pages.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ids = physical_page_ids(block_table, block_size // page_size)
+    kmin = expand_kv_heads(store.key_min[ids].float(), q.shape[1], 2)  # [S, Pmax, HQ, D]
+    kmax = expand_kv_heads(store.key_max[ids].float(), q.shape[1], 2)
+    qf = q.float().unsqueeze(1)  # [S, 1, HQ, D]
+    bound = torch.maximum(qf * kmin, qf * kmax).sum(-1)  # [S, Pmax, HQ]
+    return mask_incomplete((math.log(page_size) + scale * bound).transpose(1, 2), seq_lens, page_size)
+
+
+@dataclass
+class SharedBasisSummaries(PageSummaries):
+    """Per-page fp16 centroid `[P, H, D]` and int8 coefficients `[P, H, B, r]` (one fp16 scale per
+    direction, ``coeffs_scale`` `[P, H, 1, r]`) in one basis per KV head shared by all pages (``basis``
+    is empty here; it is passed to :func:`shared_basis_scores`)."""
+
+
+def fit_shared_basis(keys: Tensor, rank: int) -> Tensor:
+    """One orthonormal basis per KV head: top-``rank`` eigenvectors of the within-page key covariance.
+
+    Args:
+        keys (Tensor): `[P, B, H, D]` complete pages.
+    Returns:
+        Tensor: fp32 `[H, r, D]`.
+    """
+    k = keys.double()
+    centered = k - k.mean(dim=1, keepdim=True)
+    cov = torch.einsum("pbhd,pbhe->hde", centered, centered)  # [H, D, D]
+    _, vecs = torch.linalg.eigh(cov)
+    return vecs.flip(-1)[..., :rank].transpose(-1, -2).float()
+
+
+def build_shared_basis_summaries(keys: Tensor, basis: Tensor) -> SharedBasisSummaries:
+    """Centroids and coefficients of pages `[P, B, H, D]` in a shared basis `[H, r, D]`."""
+    k = keys.permute(0, 2, 1, 3).float()  # [P, H, B, D]
+    centroid = k.mean(dim=2).to(torch.float16)
+    coeffs = torch.einsum("phbd,hrd->phbr", k - centroid.float().unsqueeze(2), basis)
+    coeffs_q, coeffs_scale = quantize_symmetric(coeffs, (-2,), 8)
+    empty = keys.new_zeros((keys.shape[0], 0))
+    return SharedBasisSummaries("shared", centroid, empty, coeffs_q, coeffs_scale=coeffs_scale)
+
+
+def shared_basis_scores(
+    q: Tensor, store: SharedBasisSummaries, basis: Tensor, block_table: Tensor, seq_lens: Tensor,
+    page_size: int, block_size: int, scale: float | None = None,
+) -> Tensor:
+    """Eq. 2 of the paper with the shared basis `[H, r, D]` in place of each page's own.
+
+    Returns:
+        Tensor: fp32 `[S, HQ, Pmax]`, ``-inf`` for incomplete pages.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ids = physical_page_ids(block_table, block_size // page_size)
+    centroid = expand_kv_heads(store.centroid[ids].float(), q.shape[1], 2)  # [S, Pmax, HQ, D]
+    coeffs = expand_kv_heads(dequantize(store.coeffs[ids], store.coeffs_scale[ids]), q.shape[1], 2)
+    q_v = torch.einsum("shd,hrd->shr", q.float(), expand_kv_heads(basis.float(), q.shape[1], 0))
+    logits = torch.einsum("shd,sphd->sph", q.float(), centroid).unsqueeze(-1)
+    logits = scale * (logits + torch.einsum("shr,sphbr->sphb", q_v, coeffs))  # [S, Pmax, HQ, B]
+    return mask_incomplete(torch.logsumexp(logits, dim=-1).transpose(1, 2), seq_lens, page_size)
+
+
+def shared_rank_at_equal_bytes(cfg: LocksConfig, head_dim: int, num_pages: int) -> int:
+    """Largest shared-basis rank whose bytes per page and KV head, the fp16 shared basis amortized over
+    ``num_pages`` pages included, do not exceed LOCKS's per-page summary bytes in ``cfg``'s format.
+
+    Both sides are measured from allocated tensors.
+    """
+    target, _ = summary_bytes(cfg.page_size, cfg.rank, head_dim, cfg.summary_format)
+    best = 1
+    for rank in range(1, head_dim + 1):
+        keys = torch.zeros(1, cfg.page_size, 1, head_dim)
+        page = build_shared_basis_summaries(keys, torch.zeros(1, rank, head_dim)).nbytes
+        basis = rank * head_dim * 2 / num_pages
+        if page + basis > target:
+            break
+        best = rank
+    return best
+
+
+def window_scores(seq_lens: Tensor, num_q_heads: int, pmax: int, page_size: int) -> Tensor:
+    """Recency as a log mass, ``log(1 + j)`` for page ``j``: with the forced sink page, ``select_pages``
+    then reads the sink and the most recent pages (a sliding window). fp32 `[S, HQ, Pmax]`."""
+    pages = torch.arange(pmax, device=seq_lens.device, dtype=torch.float32)
+    scores = torch.log1p(pages).expand(seq_lens.shape[0], num_q_heads, pmax)
+    return mask_incomplete(scores, seq_lens, page_size)

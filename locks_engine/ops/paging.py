@@ -1,0 +1,92 @@
+"""Addressing pages in a vLLM-style paged KV cache (layout in ``locks_engine.ops``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def pages_per_block(cache: Tensor, page_size: int) -> int:
+    """``ppb = block_size // B`` for a cache of shape ``[num_blocks, block_size, H, D]``.
+
+    Raises:
+        ValueError: when ``B`` does not divide the block size.
+    """
+    block_size = cache.shape[1]
+    if block_size % page_size:
+        raise ValueError(f"page_size={page_size} must divide the KV cache block size {block_size}")
+    return block_size // page_size
+
+
+def physical_page_ids(block_table: Tensor, ppb: int) -> Tensor:
+    """Physical page id of every logical page a block table addresses.
+
+    Args:
+        block_table (Tensor): physical block ids of shape `[S, max_blocks]`.
+        ppb (int): pages per block.
+    Returns:
+        Tensor: int64 of shape `[S, Pmax]`, ``Pmax = max_blocks * ppb``; page ``j`` maps to
+        ``block_table[:, j // ppb] * ppb + j % ppb``.
+    """
+    blocks = block_table.long().unsqueeze(-1) * ppb  # [S, max_blocks, 1]
+    offsets = torch.arange(ppb, device=block_table.device)
+    return (blocks + offsets).flatten(1)
+
+
+def page_token_mask(seq_lens: Tensor, num_pages: int, page_size: int) -> Tensor:
+    """Which token slots of each logical page hold a token of the sequence.
+
+    Args:
+        seq_lens (Tensor): tokens per sequence, shape `[S]`.
+    Returns:
+        Tensor: bool of shape `[S, num_pages, B]`.
+    """
+    positions = torch.arange(num_pages * page_size, device=seq_lens.device).view(num_pages, page_size)
+    return positions.unsqueeze(0) < seq_lens.long().view(-1, 1, 1)
+
+
+def complete_page_mask(seq_lens: Tensor, num_pages: int, page_size: int) -> Tensor:
+    """bool `[S, num_pages]`: page ``j`` is complete (``j < seq_len // B``) and so has a summary."""
+    pages = torch.arange(num_pages, device=seq_lens.device)
+    return pages.unsqueeze(0) < (seq_lens.long() // page_size).unsqueeze(1)
+
+
+def gather_pages(cache: Tensor, block_table: Tensor, page_size: int) -> Tensor:
+    """Token contents of every logical page of every sequence.
+
+    Args:
+        cache (Tensor): K or V cache of shape `[num_blocks, block_size, H, D]`.
+        block_table (Tensor): shape `[S, max_blocks]`.
+        page_size (int): B.
+    Returns:
+        Tensor: shape `[S, Pmax, B, H, D]` (a copy), slots past a sequence's end hold whatever the cache holds.
+    Raises:
+        ValueError: when ``B`` does not divide the block size.
+    """
+    ppb = pages_per_block(cache, page_size)
+    blocks = cache[block_table.long()]  # [S, max_blocks, block_size, H, D]
+    seqs, max_blocks, _, heads, dim = blocks.shape
+    return blocks.view(seqs, max_blocks * ppb, page_size, heads, dim)
+
+
+def gather_selected_tokens(
+    cache: Tensor, block_table: Tensor, selected: Tensor, page_size: int
+) -> Tensor:
+    """Token contents of the selected pages, per KV head, reading nothing else.
+
+    Args:
+        cache (Tensor): K or V cache of shape `[num_blocks, block_size, H, D]`.
+        block_table (Tensor): shape `[S, max_blocks]`.
+        selected (Tensor): logical page indices of shape `[S, H, K]`, ``-1`` for padding (reads page 0).
+        page_size (int): B.
+    Returns:
+        Tensor: shape `[S, H, K * B, D]`.
+    """
+    ppb = pages_per_block(cache, page_size)
+    pages = selected.clamp_min(0).long()  # [S, H, K]
+    blocks = torch.gather(block_table.long(), 1, (pages // ppb).flatten(1)).view_as(pages)
+    offsets = (pages % ppb) * page_size
+    tokens = offsets.unsqueeze(-1) + torch.arange(page_size, device=cache.device)  # [S, H, K, B]
+    heads = torch.arange(cache.shape[2], device=cache.device).view(1, -1, 1, 1)
+    out = cache[blocks.unsqueeze(-1), tokens, heads]  # [S, H, K, B, D]
+    return out.flatten(2, 3)

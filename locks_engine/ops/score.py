@@ -1,0 +1,60 @@
+"""Stage 2: estimated log attention mass of every page, from summaries only (paper Section 3.2, Eq. 2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from locks_engine.ops.paging import complete_page_mask, physical_page_ids
+from locks_engine.ops.summaries import PageSummaries
+
+
+def expand_kv_heads(x: Tensor, num_q_heads: int, dim: int) -> Tensor:
+    """Repeat the KV-head dim ``dim`` of ``x`` (size ``H``) to ``HQ`` query heads (head ``h`` reads ``h // G``)."""
+    return x.repeat_interleave(num_q_heads // x.shape[dim], dim=dim)
+
+
+def mask_incomplete(scores: Tensor, seq_lens: Tensor, page_size: int) -> Tensor:
+    """Set the scores `[S, HQ, Pmax]` of pages that are not complete to ``-inf``."""
+    complete = complete_page_mask(seq_lens, scores.shape[-1], page_size)  # [S, Pmax]
+    return scores.masked_fill(~complete.unsqueeze(1), float("-inf"))
+
+
+def score_pages(
+    q: Tensor,
+    store: PageSummaries,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    page_size: int,
+    block_size: int,
+    scale: float | None = None,
+) -> Tensor:
+    """Estimated log attention mass of each page, reading only its summary.
+
+    ``s_j(q) = logsumexp_{i in page j} (scale * (q . mu_j + (V_j q) . c_i))`` (paper Eq. 2): the log of the
+    page's unnormalized softmax mass if each key were its reconstruction ``mu_j + V_j^T c_i``.
+
+    Args:
+        q (Tensor): decode queries of shape `[S, HQ, D]`.
+        store (PageSummaries): summaries by physical page id, tensors `[num_blocks * ppb, H, ...]`.
+        block_table (Tensor): `[S, max_blocks]` physical block ids.
+        seq_lens (Tensor): `[S]` tokens.
+        page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
+        scale (float | None): softmax scale, default ``D ** -0.5``.
+    Returns:
+        Tensor: fp32 of shape `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages
+        that are not complete (no summary yet) or past the sequence.
+    """
+    num_q_heads, dim = q.shape[1], q.shape[2]
+    scale = dim**-0.5 if scale is None else scale
+    ids = physical_page_ids(block_table, block_size // page_size)  # [S, Pmax]
+    centroid, basis, coeffs = store.index(ids).dequantize()  # [S,Pmax,H,D] [S,Pmax,H,r,D] [S,Pmax,H,B,r]
+    centroid = expand_kv_heads(centroid, num_q_heads, 2)
+    basis = expand_kv_heads(basis, num_q_heads, 2)
+    coeffs = expand_kv_heads(coeffs, num_q_heads, 2)
+    qf = q.float()
+    q_mu = torch.einsum("shd,sphd->sph", qf, centroid)  # [S, Pmax, HQ]
+    q_v = torch.einsum("shd,sphrd->sphr", qf, basis)  # [S, Pmax, HQ, r]
+    logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphr,sphbr->sphb", q_v, coeffs))  # [S, Pmax, HQ, B]
+    scores = torch.logsumexp(logits, dim=-1).transpose(1, 2)  # [S, HQ, Pmax]
+    return mask_incomplete(scores, seq_lens, page_size)
