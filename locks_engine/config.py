@@ -23,7 +23,8 @@ class LocksConfig:
     sink_pages: int = 1
     """Pages at the start of the sequence that are always read (attention sinks)."""
     recent_pages: int = 1
-    """Most recent complete pages always read, on top of the incomplete last page (always read)."""
+    """Pages before the last page that are always read; the last page (it holds the current token,
+    complete or not) is always read too."""
     summary_format: str = "colwise"
     """How summaries are stored: ``float`` (fp32, reference), ``paper`` (int8 centroid, int4 basis,
     int8 coefficients, one scale per tensor per page) or ``colwise`` (fp16 centroid, int4 basis and

@@ -30,22 +30,21 @@ def group_mass_shares(scores: Tensor, num_kv_heads: int) -> Tensor:
 
 
 def forced_page_mask(seq_lens: Tensor, pmax: int, cfg: LocksConfig) -> Tensor:
-    """bool `[S, Pmax]`: pages always read: the first ``sink_pages``, the last ``recent_pages`` complete
-    pages, and the incomplete last page if there is one."""
+    """bool `[S, Pmax]`: pages always read: the first ``sink_pages``, the last page (it holds the current
+    token, complete or not) and the ``recent_pages`` pages before it."""
     pages = torch.arange(pmax, device=seq_lens.device).unsqueeze(0)
     seq_lens = seq_lens.long().unsqueeze(1)
     num_pages = (seq_lens + cfg.page_size - 1) // cfg.page_size
-    complete = seq_lens // cfg.page_size
     sink = pages < cfg.sink_pages
-    recent = pages >= complete - cfg.recent_pages
+    recent = pages >= num_pages - 1 - cfg.recent_pages
     return (sink | recent) & (pages < num_pages)
 
 
 def select_pages(scores: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: LocksConfig) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3).
 
-    Mass shares are averaged over the query heads of a KV group (GQA), the forced pages (sink, recent,
-    incomplete last) are taken first and the rest of the ``K = cfg.budget_pages`` slots go to the pages with
+    Mass shares are averaged over the query heads of a KV group (GQA), the forced pages (sink, last,
+    recent) are taken first and the rest of the ``K = cfg.budget_pages`` slots go to the pages with
     the largest group share. A sequence with at most ``K`` pages reads all of them (dense). With
     ``cfg.dense`` every page is read: the output then has ``Pmax`` slots.
 

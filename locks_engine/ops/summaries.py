@@ -146,6 +146,11 @@ def build_page_summaries(keys: Tensor, cfg: LocksConfig) -> PageSummaries:
         cfg (LocksConfig): page size ``B``, rank ``r`` and ``summary_format``.
     Returns:
         PageSummaries: ``P`` pages, tensors on ``keys.device``. Computed in fp64 (reference precision).
+
+    Score error of the quantized formats against ``float`` at the same rank: for each page, at most
+    ``scale * |q| * max_i |k_hat_i - k_float_i|`` (Cauchy-Schwarz; logsumexp is 1-Lipschitz in the max norm),
+    ``k_*`` the two reconstructions; on keys with standard-normal entries and queries of norm ``sqrt(D)``
+    (B=16, r=8, D=64 and 128) we measured at most 0.19 nats, and the tests hold both formats to 0.3 nats.
     Raises:
         ValueError: when ``keys.shape[1] != cfg.page_size``, or an int4 format meets an odd head dim.
     """

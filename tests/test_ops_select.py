@@ -1,0 +1,89 @@
+"""Group-shared page selection: invariants, and top-k checked by the mass it keeps (ties make indices moot)."""
+
+import pytest
+import torch
+
+from locks_engine import LocksConfig
+from locks_engine.ops import select_pages
+from locks_engine.ops.select import forced_page_mask, group_mass_shares
+
+CASES = {
+    "long_partial": (1000, 7),
+    "long_exact_pages": (1024, 4),
+    "one_token": (1, 1),
+    "fewer_pages_than_budget": (40, 4),
+    "budget_equals_pages": (160, 4),
+}
+
+
+def _random_scores(seqs, heads, pmax, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(seqs, heads, pmax, generator=gen) * 3
+
+
+@pytest.mark.parametrize("seq_len,groups", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("sink,recent", [(1, 1), (2, 3), (0, 0)], ids=["s1r1", "s2r3", "s0r0"])
+def test_selection_invariants(seq_len, groups, sink, recent):
+    cfg = LocksConfig(budget=160, sink_pages=sink, recent_pages=recent)
+    kv_heads, pmax = 2, 70
+    seq_lens = torch.tensor([seq_len, max(1, seq_len // 3)])
+    scores = _random_scores(2, kv_heads * groups, pmax, seq_len)
+    complete = torch.arange(pmax) < (seq_lens // 16).unsqueeze(1)
+    scores = scores.masked_fill(~complete.unsqueeze(1), float("-inf"))
+    selected = select_pages(scores, seq_lens, kv_heads, cfg)
+    assert selected.shape == (2, kv_heads, cfg.budget_pages) and selected.dtype == torch.int64
+    shares = group_mass_shares(scores, kv_heads)
+    forced = forced_page_mask(seq_lens, pmax, cfg)
+    for s in range(2):
+        num_pages = -(-int(seq_lens[s]) // 16)
+        for h in range(kv_heads):
+            row = selected[s, h]
+            pages = row[row >= 0]
+            assert (row[len(pages):] == -1).all(), "padding only at the end"
+            assert torch.equal(pages, pages.unique()), "sorted, no duplicates"
+            assert len(pages) == min(num_pages, cfg.budget_pages), "budget used, never exceeded"
+            assert (pages < num_pages).all()
+            assert set(forced[s].nonzero().flatten().tolist()) <= set(pages.tolist())
+            assert num_pages - 1 in pages.tolist(), "the last (possibly incomplete) page is always read"
+            free = ~forced[s] & complete[s]
+            chosen = torch.zeros(pmax, dtype=torch.bool)
+            chosen[pages] = True
+            picked = shares[s, h][chosen & free].sum()
+            best = shares[s, h][free].sort(descending=True).values[: int((chosen & free).sum())].sum()
+            assert torch.isclose(picked, best), "top-k by group share"
+
+
+@pytest.mark.parametrize("groups", [1, 4, 7])
+def test_group_shares_sum_to_one(groups):
+    scores = _random_scores(3, 2 * groups, 33, groups)
+    scores[1, :, 20:] = float("-inf")
+    scores[2] = float("-inf")  # nothing scored yet (one incomplete page)
+    shares = group_mass_shares(scores, 2)
+    assert shares.shape == (3, 2, 33)
+    assert torch.isfinite(shares).all()
+    assert torch.allclose(shares[:2].sum(-1), torch.ones(2, 2))
+    assert (shares[1, :, 20:] == 0).all() and (shares[2] == 0).all()
+
+
+def test_group_shares_average_query_heads():
+    scores = torch.full((1, 2, 4), float("-inf"))
+    scores[0, 0, 0] = 0.0  # head 0 puts all its mass on page 0
+    scores[0, 1, 3] = 0.0  # head 1 on page 3
+    shares = group_mass_shares(scores, 1)
+    assert torch.allclose(shares[0, 0], torch.tensor([0.5, 0.0, 0.0, 0.5]))
+
+
+def test_dense_switch_reads_every_page():
+    cfg = LocksConfig(budget=48, dense=True)
+    seq_lens = torch.tensor([200, 5])
+    selected = select_pages(_random_scores(2, 4, 13, 0), seq_lens, 2, cfg)
+    assert selected.shape == (2, 2, 13)
+    assert torch.equal(selected[0, 0], torch.arange(13))
+    assert torch.equal(selected[1, 1], torch.tensor([0] + [-1] * 12))
+
+
+def test_all_minus_inf_scores_still_select_forced_pages():
+    cfg = LocksConfig(budget=48, sink_pages=1, recent_pages=1)
+    scores = torch.full((1, 2, 20), float("-inf"))
+    selected = select_pages(scores, torch.tensor([20 * 16 - 3]), 1, cfg)
+    assert torch.equal(selected[0, 0], torch.tensor([0, 18, 19]))

@@ -1,0 +1,108 @@
+"""Page summaries and scoring: exact at full rank, bounded error when quantized, sizes as allocated."""
+
+import pytest
+import torch
+
+from locks_engine import LocksConfig
+from locks_engine.config import SUMMARY_FORMATS
+from locks_engine.ops import (
+    build_cache_summaries,
+    build_page_summaries,
+    oracle_scores,
+    score_pages,
+    summary_bytes,
+)
+from locks_engine.ops.quant import pack_int4, unpack_int4
+from tests.helpers import assert_close, make_scenario
+
+# The stated bound of build_page_summaries' docstring for quantized formats (see test below).
+QUANTIZED_SCORE_BOUND = 0.3
+
+
+@pytest.mark.parametrize("groups", [1, 4, 7], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("lengths", [[16], [17], [100, 333, 1]], ids=["one_page", "partial", "odd"])
+def test_full_rank_float_score_is_exact_page_lse(groups, head_dim, lengths):
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=head_dim, seed=groups, key_offset=20.0)
+    cfg = LocksConfig(rank=16, summary_format="float")
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    est = score_pages(sc.q, store, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
+    exact = oracle_scores(sc.q, sc.k_cache, sc.block_table, sc.seq_lens, sc.page_size)
+    complete = torch.isfinite(exact)
+    assert torch.equal(torch.isfinite(est), complete)
+    assert_close("page lse", exact[complete], est[complete], 1e-5)
+
+
+def _reconstruction(summaries):
+    centroid, basis, coeffs = summaries.dequantize()  # [P,H,D], [P,H,r,D], [P,H,B,r]
+    return centroid.unsqueeze(2) + coeffs @ basis  # [P, H, B, D]
+
+
+@pytest.mark.parametrize("fmt", ["paper", "colwise"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_quantized_score_error_within_stated_bounds(fmt, head_dim):
+    """Two bounds on |s_quantized - s_float| at the same rank r = 8:
+    - per page (Cauchy-Schwarz, logsumexp is 1-Lipschitz in the max norm):
+      scale * |q| * max_i |k_hat_i - k_float_i|, k_* the two reconstructions;
+    - on keys with standard-normal entries and queries of norm sqrt(D): at most QUANTIZED_SCORE_BOUND nats.
+    """
+    for seed in range(6):
+        sc = make_scenario([16 * 24], num_kv_heads=2, groups=4, head_dim=head_dim, seed=seed)
+        q = sc.q / sc.q.norm(dim=-1, keepdim=True) * head_dim**0.5
+        exact = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, LocksConfig(summary_format="float"))
+        quant = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, LocksConfig(summary_format=fmt))
+        s_f = score_pages(q, exact, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
+        s_q = score_pages(q, quant, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
+        err = (s_q - s_f).abs()[0]  # [HQ, P]
+        assert torch.isfinite(err).all()
+        assert err.max() <= QUANTIZED_SCORE_BOUND, f"seed {seed}: {float(err.max()):.3f} nats"
+        ids = (sc.block_table[0].long().unsqueeze(1) * 2 + torch.arange(2)).flatten()  # physical pages, ppb=2
+        gap = (_reconstruction(quant.index(ids)) - _reconstruction(exact.index(ids))).norm(dim=-1)  # [P, H, B]
+        page_bound = head_dim**-0.5 * head_dim**0.5 * gap.amax(dim=-1).repeat_interleave(4, dim=1)  # [P, HQ]
+        assert (err <= page_bound.T + 1e-4).all()
+
+
+@pytest.mark.parametrize("fmt", SUMMARY_FORMATS)
+def test_degenerate_pages_give_finite_summaries(fmt):
+    keys = torch.zeros(3, 16, 2, 64)
+    keys[1] = 5.0  # identical keys: zero spread
+    keys[2, :, :, 0] = torch.arange(16.0).unsqueeze(1)  # rank one
+    summaries = build_page_summaries(keys, LocksConfig(summary_format=fmt))
+    for name, tensor in summaries.tensors().items():
+        assert torch.isfinite(tensor.float()).all(), name
+    rebuilt = _reconstruction(summaries).transpose(1, 2)  # [P, B, H, D]
+    assert_close(fmt, keys, rebuilt, 0.02)
+
+
+def test_summary_sizes_from_allocated_tensors(capsys):
+    rows = {}
+    for fmt in SUMMARY_FORMATS:
+        for rank in (2, 8):
+            summary, kv = summary_bytes(16, rank, 128, fmt, torch.bfloat16)
+            rows[fmt, rank] = summary / kv
+            print(f"B=16 D=128 r={rank} {fmt:8s}: {summary:5d} B summary / {kv} B K+V = {summary / kv:6.2%}")
+    assert 0.09 <= rows["paper", 8] <= 0.12
+    assert rows["paper", 2] < 0.05
+    assert rows["colwise", 8] < 0.12
+    assert rows["float", 8] > 0.5
+
+
+def test_summary_bytes_scale_with_shapes():
+    small, kv_small = summary_bytes(16, 8, 64, "paper", torch.float16)
+    large, kv_large = summary_bytes(16, 8, 128, "paper", torch.float32)
+    assert kv_large == 4 * kv_small
+    assert small < large
+
+
+def test_int4_pack_roundtrip():
+    values = torch.randint(-7, 8, (5, 3, 64), dtype=torch.int8)
+    packed = pack_int4(values)
+    assert packed.dtype == torch.uint8 and packed.shape == (5, 3, 32)
+    assert torch.equal(unpack_int4(packed), values)
+
+
+def test_bad_keys_shape_is_rejected():
+    with pytest.raises(ValueError, match="keys must have shape"):
+        build_page_summaries(torch.zeros(2, 8, 1, 64), LocksConfig())
+    with pytest.raises(ValueError, match="head dim 63 must be even"):
+        build_page_summaries(torch.zeros(2, 16, 1, 63), LocksConfig())
