@@ -39,3 +39,8 @@ class NoTextError(DocumentError):
 
 class PageRangeError(LocksChatError):
     """A ``--pages`` selection that is malformed, empty or out of range."""
+
+
+def exception_reason(exc: BaseException, limit: int = 120) -> str:
+    """A library exception squeezed into a short fragment for a one-line message."""
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:limit]

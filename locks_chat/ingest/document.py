@@ -8,9 +8,10 @@ page of 16 tokens is a cache unit; a document page is a page of the book).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 PAGE_SEPARATOR = "\n\n"
 """what :attr:`Document.text` puts between two pages that have text"""

@@ -15,14 +15,16 @@ _BOMS = (
 )
 # share of control characters (other than whitespace) above which bytes are not text
 _MAX_CONTROL_SHARE = 0.01
+# how much more "chaos" (charset-normalizer's mess ratio) cp1252 may show and still win
+_CP1252_MARGIN = 0.2
 
 
 def decode_text(data: bytes, source: str) -> tuple[str, list[str]]:
     """Decode the bytes of a text file.
 
     Order: a byte-order mark (UTF-8/16/32) decides; else strict UTF-8; else the encoding
-    charset-normalizer finds most likely (latin-1, cp1252, BOM-less UTF-16, ...), with a
-    warning naming it.
+    charset-normalizer finds most likely (cp1252 preferred among near-ties, see
+    :func:`_prefer_cp1252`; BOM-less UTF-16, cp1251, ...), with a warning naming it.
 
     Args:
         data (bytes): the file's content.
@@ -49,11 +51,29 @@ def decode_text(data: bytes, source: str) -> tuple[str, list[str]]:
         pass
     from charset_normalizer import from_bytes
 
-    best = from_bytes(data).best()
-    if best is None:
+    matches = list(from_bytes(data))
+    if not matches:
         raise DocumentError(f"{source}: not a text file in any known encoding; pass a PDF, EPUB, text or Markdown file")
-    text = _checked(str(best), source)
-    return text, [f"not UTF-8; decoded as {best.encoding}, check accented characters"]
+    encoding = _prefer_cp1252(matches)
+    text = _checked(data.decode(encoding, errors="replace"), source)
+    return text, [f"not UTF-8; decoded as {encoding}, check accented characters"]
+
+
+def _prefer_cp1252(matches) -> str:
+    """The detector's best encoding, unless cp1252 is nearly as plausible.
+
+    Single-byte Latin encodings decode most bytes alike and charset-normalizer often ranks
+    a Baltic or Central European code page first for short French or English text; books
+    in a legacy encoding are mostly cp1252 (a superset of latin-1's printable characters),
+    so cp1252 wins when its mess ("chaos") is within :data:`_CP1252_MARGIN` of the best.
+    """
+    best = matches[0]
+    for match in matches:
+        if match.chaos > best.chaos + _CP1252_MARGIN:
+            break
+        if "cp1252" in match.could_be_from_charset:
+            return "cp1252"
+    return best.encoding
 
 
 def _looks_binary(text: str) -> bool:

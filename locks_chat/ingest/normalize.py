@@ -8,7 +8,9 @@ What changes:
   would turn ``x²`` into ``x2`` and ``½`` into ``1⁄2``;
 - soft hyphens (U+00AD) removed, joining the word when one ends a line;
 - words hyphenated at a line end joined (``dan-\\ngerous`` -> ``dangerous``) when both
-  halves are lower-case letters; the line break moves after the joined word;
+  halves are lower-case letters; the line break moves after the joined word. Without a
+  dictionary a compound broken at its own hyphen is joined too (``camera-\\nready`` ->
+  ``cameraready``): rarer in print than hyphenation, and harmless to a reader model;
 - zero-width characters, byte-order marks and control characters other than newline and
   tab dropped; ``\\r\\n`` and ``\\r`` become ``\\n``;
 - trailing spaces on each line dropped, runs of blank lines cut to one, outer whitespace
@@ -35,7 +37,7 @@ _TABLE: dict[int, str | None] = {cp: unicodedata.normalize("NFKC", chr(cp)) for 
 _TABLE.update({cp: None for cp in _DROPPED})
 
 _SOFT_HYPHEN_BREAK = re.compile(r"\u00ad[ \t]*\n[ \t]*")
-_HYPHEN_BREAK = re.compile(r"(?<![\w-])(\w*[a-zß-öø-ÿ])-[ \t]*\n[ \t]*([a-zß-öø-ÿ]\w*[,.;:!?'\")\]]*)[ \t]*\n?")
+_HYPHEN_BREAK = re.compile(r"(?<![\w-])(\w*[a-zß-öø-ÿ])-[ \t]*\n[ \t]*([a-zß-öø-ÿ]\S*)[ \t]*\n?")
 _TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)
 _INNER_SPACES = re.compile(r"(?<=\S)[ \t]{2,}(?=\S)")
 _BLANK_LINES = re.compile(r"\n{3,}")

@@ -21,7 +21,8 @@ How a part is read:
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from locks_chat.errors import PageRangeError
 
@@ -51,7 +52,7 @@ def select_pages(spec: str | None, labels: Sequence[str]) -> list[int]:
 
 
 def describe_pages(labels: Sequence[str]) -> str:
-    """The valid pages of a document for messages: ``"physical 1-113 (printed T-1-T-2, i-iv, 1-107)"``."""
+    """The valid pages of a document for messages: ``"physical 1-113 (printed T-1 to T-2, i to iv, 1 to 107)"``."""
     text = f"physical 1-{len(labels)}" if labels else "no pages"
     if _has_printed_labels(labels):
         runs = _label_runs(labels)
@@ -61,23 +62,25 @@ def describe_pages(labels: Sequence[str]) -> str:
 
 
 def _resolve_part(part: str, spec: str, labels: Sequence[str]) -> tuple[int, int]:
-    if not part or part in ("#",):
+    if not part or part == "#":
         _fail(spec, "empty part", labels)
     physical = part.startswith("#")
     body = part[1:].strip() if physical else part
     if not physical and _has_printed_labels(labels):
         found = _by_labels(body, labels)
         if found is not None:
-            return _ordered(found, spec, labels)
-        if any(_find_label(token, labels, 0) is not None for token in _tokens(body)):
-            _fail(spec, f"{part!r} mixes printed labels with pages that have no such label; prefix # for physical pages", labels)
+            return _ordered(found, part, spec, labels)
+        tokens = _tokens(body)
+        missing = [t for t in tokens if _find_label(t, labels, 0) is None]
+        if len(missing) < len(tokens):
+            _fail(spec, f"no page is printed {missing[0]!r} (prefix # for physical page numbers)", labels)
     for first, last in _splits(body):
         if _is_number(first) and _is_number(last):
             start = int(first) if first else 1
             end = int(last) if last else len(labels)
             if not 1 <= start <= len(labels) or not 1 <= end <= len(labels):
                 _fail(spec, f"{part!r} is out of range", labels)
-            return _ordered((start - 1, end - 1), spec, labels)
+            return _ordered((start - 1, end - 1), part, spec, labels)
     _fail(spec, f"{part!r} is neither page numbers nor printed page labels", labels)
 
 
@@ -115,9 +118,9 @@ def _find_label(token: str, labels: Sequence[str], start: int) -> int | None:
     return None
 
 
-def _ordered(span: tuple[int, int], spec: str, labels: Sequence[str]) -> tuple[int, int]:
+def _ordered(span: tuple[int, int], part: str, spec: str, labels: Sequence[str]) -> tuple[int, int]:
     if span[0] > span[1]:
-        _fail(spec, f"the range is empty (physical page {span[0] + 1} comes after {span[1] + 1})", labels)
+        _fail(spec, f"{part!r} is an empty range (its start comes after its end)", labels)
     return span
 
 
@@ -139,7 +142,8 @@ def _label_runs(labels: Sequence[str]) -> list[str]:
         else:
             runs.append([label])
         previous = key
-    return [run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    dash = " to " if any("-" in label for label in labels) else "-"
+    return [run[0] if len(run) == 1 else f"{run[0]}{dash}{run[-1]}" for run in runs]
 
 
 def _label_key(label: str) -> tuple[str, int] | None:
@@ -150,12 +154,12 @@ def _label_key(label: str) -> tuple[str, int] | None:
     lower = label.lower()
     if lower and _ROMAN.match(lower):
         value = 0
-        for ch, nxt in zip(lower, lower[1:] + " "):
+        for ch, nxt in zip(lower, lower[1:] + " ", strict=True):
             v = _ROMAN_VALUES[ch]
             value += -v if nxt != " " and _ROMAN_VALUES[nxt] > v else v
         return ("roman" + ("-upper" if label.isupper() else ""), value)
     return None
 
 
-def _fail(spec: str, why: str, labels: Sequence[str]):
+def _fail(spec: str, why: str, labels: Sequence[str]) -> NoReturn:
     raise PageRangeError(f"--pages {spec!r}: {why}; valid pages: {describe_pages(labels)}")

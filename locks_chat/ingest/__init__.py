@@ -1,0 +1,13 @@
+"""Ingestion: PDF, EPUB, plain text and Markdown into pages of normalized text.
+
+``load_document(path, password=None, pages=None, progress=None)`` returns a
+:class:`Document` whose pages keep their printed label and physical number, with
+character offsets into the document's full text so token offsets map back to pages.
+"""
+
+from locks_chat.ingest.document import DocPage, Document, PageKind
+from locks_chat.ingest.load import load_document
+from locks_chat.ingest.pagerange import select_pages
+from locks_chat.ingest.progress import ProgressCallback, rich_progress
+
+__all__ = ["DocPage", "Document", "PageKind", "ProgressCallback", "load_document", "rich_progress", "select_pages"]

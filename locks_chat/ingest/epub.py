@@ -1,0 +1,92 @@
+"""EPUB through ebooklib, XHTML to text through inscriptis.
+
+An EPUB has no fixed pages: a cited page is one spine item (a chapter or section file) that
+has text, in reading order, labelled "1", "2", ... (:attr:`PageKind.CHAPTER`); spine items
+without text (a cover image, an empty title page) are left out of the numbering. EPUBs
+whose content is encrypted (DRM) are refused; font obfuscation is not DRM and is accepted.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings as py_warnings
+import zipfile
+from pathlib import Path
+
+from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason
+from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
+from locks_chat.ingest.encoding import decode_text
+from locks_chat.ingest.normalize import normalize_text
+from locks_chat.ingest.pagerange import select_pages
+
+_FONT_OBFUSCATION = ("http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC")
+_XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
+
+
+def read_epub(data: bytes, source: str, *, pages: str | None = None) -> Document:
+    """Extract the text of an EPUB's chapters.
+
+    Args:
+        data (bytes): the EPUB file's content (a zip archive).
+        source (str): the file name, for messages.
+        pages (str | None): a ``--pages`` selector over chapters (:mod:`.pagerange`).
+
+    Raises:
+        EncryptedError: the content is DRM-encrypted.
+        DocumentError: not a readable EPUB.
+        NoTextError: no chapter has text.
+        PageRangeError: ``pages`` is malformed or out of range.
+    """
+    _refuse_drm(data, source)
+    from ebooklib import epub
+
+    try:
+        with py_warnings.catch_warnings():
+            py_warnings.simplefilter("ignore")
+            book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
+    except Exception as exc:
+        raise DocumentError(f"{source}: not a readable EPUB ({exception_reason(exc)}); pass another file") from exc
+    warnings: list[str] = []
+    texts = [text for text in (_item_text(book, idref, source, warnings) for idref, _ in book.spine) if text]
+    if not texts:
+        raise NoTextError(f"{source}: the EPUB has no text in its chapters; pass another file")
+    labels = [str(i + 1) for i in range(len(texts))]
+    raw = [RawPage(i + 1, labels[i], texts[i]) for i in select_pages(pages, labels)]
+    titles = book.get_metadata("DC", "title")
+    title = " ".join(str(titles[0][0]).split()) if titles else Path(source).stem
+    return build_document(source, "epub", PageKind.CHAPTER, title, raw, len(texts), warnings)
+
+
+def _item_text(book, idref: str, source: str, warnings: list[str]) -> str:
+    from inscriptis import get_text
+
+    item = book.get_item_with_id(idref)
+    if item is None:
+        warnings.append(f"spine item {idref!r} is missing from the EPUB, skipped")
+        return ""
+    content = item.get_content()
+    try:
+        html = content.decode("utf-8")
+    except UnicodeDecodeError:
+        html, _ = decode_text(content, f"{source}:{item.get_name()}")
+        warnings.append(f"{item.get_name()}: not UTF-8, decoded by guessing")
+    html = _XML_DECLARATION.sub("", html)
+    try:
+        return normalize_text(get_text(html) if html.strip() else "", collapse_spaces=True)
+    except Exception as exc:
+        warnings.append(f"{item.get_name()}: unreadable XHTML ({exception_reason(exc)}), skipped")
+        return ""
+
+
+def _refuse_drm(data: bytes, source: str) -> None:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            if "META-INF/encryption.xml" not in archive.namelist():
+                return
+            manifest = archive.read("META-INF/encryption.xml").decode("utf-8", errors="replace")
+    except zipfile.BadZipFile as exc:
+        raise DocumentError(f"{source}: not a readable EPUB (damaged zip archive); pass another file") from exc
+    algorithms = set(re.findall(r'EncryptionMethod[^>]*Algorithm="([^"]+)"', manifest))
+    if algorithms - set(_FONT_OBFUSCATION):
+        raise EncryptedError(f"{source}: DRM-protected EPUB, its text cannot be read; pass a DRM-free copy")

@@ -1,0 +1,261 @@
+"""PDF pages through pypdf: text, printed label and physical number of each page.
+
+A cited page of a PDF is a physical page of the file, shown by its printed label
+(``/PageLabels``: "iv" for roman front matter) and kept with its 1-based physical number.
+pypdf reads in non-strict mode, so broken cross-reference tables are rebuilt; a file it
+cannot open (a truncated download has lost its trailer) is retried once with a new trailer
+so the objects that remain are read. pypdf's log messages are collected into one warning
+instead of being printed. Each page is extracted under a time limit (:mod:`.timelimit`); a page that fails
+or runs past it is skipped with a warning. Pages with images but no text are named in a
+warning ("page 2: no text layer, OCR needed"); a selection with no text at all is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from pathlib import Path
+
+from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason
+from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
+from locks_chat.ingest.normalize import normalize_text
+from locks_chat.ingest.pagerange import describe_pages, select_pages
+from locks_chat.ingest.progress import ProgressCallback
+from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
+
+
+def read_pdf(
+    data: bytes,
+    source: str,
+    *,
+    password: str | None = None,
+    pages: str | None = None,
+    progress: ProgressCallback | None = None,
+    page_time_limit: float | None = 10.0,
+) -> Document:
+    """Extract the text of a PDF's pages.
+
+    Args:
+        data (bytes): the PDF file's content.
+        source (str): the file name, for messages.
+        password (str | None): user or owner password; ``None`` tries the empty password.
+        pages (str | None): a ``--pages`` selector (:mod:`.pagerange`); ``None`` for all.
+        progress (ProgressCallback | None): called with (pages done, pages selected).
+        page_time_limit (float | None): seconds one page may take; ``None`` for no limit.
+
+    Raises:
+        EncryptedError: a password is needed, or the one given is wrong.
+        DocumentError: not a readable PDF.
+        NoTextError: no selected page has a text layer.
+        PageRangeError: ``pages`` is malformed or out of range.
+    """
+    problems: list[str] = []
+    with _pypdf_log(problems):
+        reader, data, salvaged = _open_or_salvage(data, source, password)
+        labels = _page_labels(reader, source)
+        selected = select_pages(pages, labels)
+        raw_pages, warnings = _extract(
+            reader, lambda: _open(data, source, password), selected, labels, progress, page_time_limit
+        )
+        title = _title(reader)
+    if salvaged:
+        lost = [page.number - 1 for page in raw_pages if not page.text]
+        lost_text = f"; {_pages_name(lost, labels)}: no text, possibly lost" if lost else ""
+        warnings.insert(0, f"truncated or damaged PDF: read the objects that remained{lost_text}")
+    elif problems:
+        shown = "; ".join(p[:100] for p in problems[:3])
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        warnings.insert(0, f"damaged PDF structure repaired by the reader: {shown}{more}")
+    if not any(page.text for page in raw_pages):
+        raise NoTextError(_no_text_message(source, pages, labels, warnings, salvaged))
+    return build_document(source, "pdf", PageKind.PDF, title or Path(source).stem, raw_pages, len(labels), warnings)
+
+
+def _open_or_salvage(data: bytes, source: str, password: str | None):
+    """Open the PDF; if that fails, retry on a copy whose lost trailer is replaced.
+
+    Returns:
+        the reader, the bytes it reads, and whether they are a salvaged copy.
+    """
+    try:
+        return _open(data, source, password), data, False
+    except EncryptedError:
+        raise
+    except DocumentError as exc:
+        truncated = b"%%EOF" not in data[-1024:]
+        salvaged = _with_new_trailer(data)
+        try:
+            if salvaged is None:
+                raise exc
+            return _open(salvaged, source, password), salvaged, True
+        except DocumentError:
+            if truncated:
+                message = (
+                    f"{source}: truncated PDF (its end is missing), unreadable without it; download or copy it again"
+                )
+                raise DocumentError(message) from exc
+            raise exc from None
+
+
+def _with_new_trailer(data: bytes) -> bytes | None:
+    """The PDF cut after its last complete object, with an empty trailer and a startxref of 0.
+
+    pypdf then rebuilds the cross-reference table by scanning for objects and finds the
+    catalog by its ``/Type /Catalog``: what a truncated download still holds can be read.
+    """
+    end = data.rfind(b"endobj")
+    numbers = [int(n) for n in re.findall(rb"(\d+)\s+\d+\s+obj\b", data[: end + 6])]
+    if end < 0 or not numbers:
+        return None
+    return data[: end + 6] + b"\ntrailer\n<< /Size %d >>\nstartxref\n0\n%%%%EOF\n" % (max(numbers) + 1)
+
+
+def _open(data: bytes, source: str, password: str | None):
+    from pypdf import PasswordType, PdfReader
+    from pypdf.errors import DependencyError
+
+    try:
+        reader = PdfReader(io.BytesIO(data), strict=False)
+        if reader.is_encrypted:
+            result = reader.decrypt(password if password is not None else "")
+            if result == PasswordType.NOT_DECRYPTED:
+                if password is None:
+                    raise EncryptedError(f"{source}: encrypted: pass --password")
+                raise EncryptedError(f"{source}: wrong password for this encrypted PDF; check --password")
+        len(reader.pages)
+    except DocumentError:
+        raise
+    except DependencyError as exc:
+        raise DocumentError(f"{source}: {exc}; reinstall locks-chat with its dependencies") from exc
+    except Exception as exc:
+        reason = exception_reason(exc)
+        raise DocumentError(
+            f"{source}: not a readable PDF ({reason}); repair it (e.g. qpdf) or pass another file"
+        ) from exc
+    return reader
+
+
+def _page_labels(reader, source: str) -> list[str]:
+    count = len(reader.pages)
+    try:
+        labels = [str(label) for label in reader.page_labels]
+    except Exception:
+        labels = []
+    if len(labels) != count:
+        labels = [str(i + 1) for i in range(count)]
+    if count == 0:
+        raise NoTextError(f"{source}: the PDF has no pages; pass another file")
+    return labels
+
+
+def _extract(
+    reader,
+    reopen: Callable[[], object],
+    selected: Sequence[int],
+    labels: Sequence[str],
+    progress: ProgressCallback | None,
+    page_time_limit: float | None,
+) -> tuple[list[RawPage], list[str]]:
+    raw_pages: list[RawPage] = []
+    no_layer: list[int] = []
+    skipped: list[str] = []
+    if progress is not None:
+        progress(0, len(selected))
+    for done, index in enumerate(selected, start=1):
+        name = _page_name(index, labels)
+        try:
+            text, has_images = call_with_time_limit(partial(_read_page, reader, index), page_time_limit)
+        except TimeLimitExceeded:
+            skipped.append(f"{name}: text extraction took over {page_time_limit:g} s, skipped")
+            # an abandoned extraction may still be running on the old reader
+            reader = reopen()
+            text, has_images = "", False
+        except Exception as exc:
+            skipped.append(f"{name}: text extraction failed ({exception_reason(exc)}), skipped")
+            text, has_images = "", False
+        if not text and has_images:
+            no_layer.append(index)
+        raw_pages.append(RawPage(index + 1, labels[index], text))
+        if progress is not None:
+            progress(done, len(selected))
+    warnings = skipped
+    if no_layer:
+        warnings.append(f"{_pages_name(no_layer, labels)}: no text layer, OCR needed")
+    return raw_pages, warnings
+
+
+def _read_page(reader, index: int) -> tuple[str, bool]:
+    """Normalized text of a page, and whether it has images (asked only when it has no text)."""
+    page = reader.pages[index]
+    text = normalize_text(page.extract_text() or "", collapse_spaces=True)
+    if text:
+        return text, False
+    try:
+        return "", len(page.images) > 0
+    except Exception:
+        return "", True
+
+
+def _title(reader) -> str | None:
+    try:
+        title = reader.metadata.title if reader.metadata else None
+    except Exception:
+        return None
+    return " ".join(str(title).split()) if title else None
+
+
+def _page_name(index: int, labels: Sequence[str]) -> str:
+    label = labels[index]
+    return f"page {index + 1}" if label == str(index + 1) else f"page {index + 1} (printed {label})"
+
+
+def _pages_name(indices: Sequence[int], labels: Sequence[str]) -> str:
+    """``"page 2"``, or ``"pages 2-5, 9"`` (physical numbers) for several."""
+    if len(indices) == 1:
+        return _page_name(indices[0], labels)
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return "pages " + ", ".join(f"{r[0] + 1}" if len(r) == 1 else f"{r[0] + 1}-{r[-1] + 1}" for r in runs)
+
+
+def _no_text_message(
+    source: str, pages: str | None, labels: Sequence[str], warnings: Sequence[str], salvaged: bool
+) -> str:
+    where = f"pages {pages!r} of {source}" if pages else source
+    if salvaged:
+        return f"{where}: truncated or damaged PDF with no text left in what remains; download or copy it again"
+    if any(w.endswith("OCR needed") for w in warnings):
+        return f"{where}: no text layer (scanned images); OCR the file first (e.g. ocrmypdf) and load the result"
+    if pages:
+        return f"{where}: no text on these pages; choose other --pages ({describe_pages(labels)})"
+    return f"{where}: no extractable text on any page; pass a PDF with a text layer"
+
+
+@contextlib.contextmanager
+def _pypdf_log(problems: list[str]) -> Iterator[None]:
+    """Collect pypdf's log messages into ``problems`` instead of printing them."""
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = " ".join(record.getMessage().split())
+            if message not in problems:
+                problems.append(message)
+
+    logger = logging.getLogger("pypdf")
+    handler = Collect(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate

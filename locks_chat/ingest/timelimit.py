@@ -1,0 +1,81 @@
+"""Run one call under a wall-clock limit, so a pathological PDF page cannot hang ingestion.
+
+In the main thread of a POSIX process the call runs in place under ``SIGALRM``
+(``signal.setitimer``): the handler raises :class:`TimeLimitExceeded` inside the call,
+which unwinds cleanly. Elsewhere (a Textual worker thread, Windows, or when another
+``ITIMER_REAL`` timer is already running) the call runs in a daemon thread that is
+abandoned when the limit passes: it may go on computing in the background, so the
+caller must not share mutable state with it afterwards (the PDF reader opens a fresh
+reader after a timeout). A signal only lands between Python bytecodes, so a single
+long C call (a huge zlib stream) overruns the limit by its own length.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class TimeLimitExceeded(Exception):
+    """The call ran past its limit and was interrupted or abandoned."""
+
+
+def call_with_time_limit(fn: Callable[[], T], seconds: float | None) -> T:
+    """Return ``fn()``, or raise :class:`TimeLimitExceeded` after ``seconds`` (wall clock).
+
+    Args:
+        fn (Callable[[], T]): the call; exceptions it raises propagate unchanged.
+        seconds (float | None): the limit in seconds; ``None`` runs ``fn`` unlimited.
+    """
+    if seconds is None:
+        return fn()
+    if _can_use_alarm():
+        return _call_with_alarm(fn, seconds)
+    return _call_in_thread(fn, seconds)
+
+
+def _can_use_alarm() -> bool:
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        return False
+    return signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def _call_with_alarm(fn: Callable[[], T], seconds: float) -> T:
+    finished = False
+
+    def on_alarm(signum, frame):
+        if not finished:
+            raise TimeLimitExceeded(f"over {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        value = fn()
+        finished = True
+        return value
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _call_in_thread(fn: Callable[[], T], seconds: float) -> T:
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="locks-chat-page", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeLimitExceeded(f"over {seconds:g} s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]

@@ -1,0 +1,68 @@
+"""EPUB ingestion on books ebooklib writes in the test."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import pytest
+
+from locks_chat.errors import DocumentError, EncryptedError, NoTextError
+from locks_chat.ingest import PageKind, load_document
+from tests.ingest_samples import epub_book, write
+
+CHAPTERS = [
+    ("The Beginning", "<p>It was a dark and stormy night.</p><p>The \ufb01re went out.</p>"),
+    ("The Middle", "<p>A table follows.</p><table><tr><td>alpha</td><td>beta</td></tr></table>"),
+    ("The End", "<p>They lived on <em>happily</em> ever after.</p>"),
+]
+
+
+def test_chapters_are_pages_in_reading_order(tmp_path):
+    doc = load_document(write(tmp_path, "small.epub", epub_book(CHAPTERS)))
+    assert doc.format == "epub" and doc.page_kind is PageKind.CHAPTER
+    assert doc.title == "A Small Book"
+    assert [p.label for p in doc.pages] == ["1", "2", "3"]
+    first, middle, last = doc.pages
+    assert first.text.startswith("The Beginning")
+    assert "It was a dark and stormy night." in first.text
+    assert "The fire went out." in first.text
+    assert "alpha" in middle.text and "beta" in middle.text
+    assert "They lived on happily ever after." in last.text
+    assert doc.page_at(doc.text.index("happily")) is last
+
+
+def test_epub_is_sniffed_without_its_suffix(tmp_path):
+    doc = load_document(write(tmp_path, "book.bin", epub_book(CHAPTERS)))
+    assert doc.format == "epub"
+
+
+def test_chapter_range(tmp_path):
+    doc = load_document(write(tmp_path, "small.epub", epub_book(CHAPTERS)), pages="2-3")
+    assert [p.number for p in doc.pages] == [2, 3]
+    assert doc.text.startswith("The Middle")
+
+
+def test_epub_without_text_is_refused(tmp_path):
+    with pytest.raises(NoTextError):
+        load_document(write(tmp_path, "empty.epub", epub_book([("", "")], cover=True)))
+
+
+def test_drm_epub_is_refused(tmp_path):
+    source = zipfile.ZipFile(io.BytesIO(epub_book(CHAPTERS)))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as target:
+        for item in source.infolist():
+            target.writestr(item, source.read(item.filename))
+        target.writestr(
+            "META-INF/encryption.xml",
+            '<encryption><EncryptedData><EncryptionMethod Algorithm="http://www.w3.org/2001/04/xmlenc#aes128-cbc"/>'
+            "</EncryptedData></encryption>",
+        )
+    with pytest.raises(EncryptedError, match="DRM"):
+        load_document(write(tmp_path, "drm.epub", out.getvalue()))
+
+
+def test_epub_that_is_not_a_zip_is_refused(tmp_path):
+    with pytest.raises(DocumentError, match="not an EPUB"):
+        load_document(write(tmp_path, "fake.epub", b"<html>not a book</html>"))
