@@ -14,8 +14,9 @@ It saves, with ``np.savez_compressed``:
 
 * ``k_L{L}``    float16 ``[N, D]``     keys of KV head ``--kv-head`` (default 0) at every position 0..N-1
 * ``q_L{L}``    float16 ``[T, G, D]``  queries of the G query heads sharing that KV head (Qwen2 GQA layout:
-                                        query head h reads KV head h // G), at the last T positions
-* ``positions`` int64 ``[T]``          those positions, N-T .. N-1 (query at position p attends keys 0..p)
+                                        query head h reads KV head h // G), at T positions
+* ``positions`` int64 ``[T]``          those positions, N-1-(T-1)*stride .. N-1 at ``--query-stride``
+                                        (query at position p attends keys 0..p)
 * ``meta``      a JSON string           model, source text, token count, layers, kv head, dtype, script, date
 
 Sanity checks (printed, and the script fails if they do not hold): for each layer and each of the G query
@@ -36,7 +37,7 @@ creates next to it (``MODEL_DIR.work/venv``), then, from the repository root::
     python samples/make_real_qk_fixture.py MODEL_DIR ../shared/data/books/milton_paradise_lost.txt \\
         --out tests/fixtures/real_qk_qwen25coder05b.npz
 
-Options: ``--tokens 2048 --queries 16 --layers 0 12 23 --kv-head 0 --threads N``.
+Options: ``--tokens 2048 --queries 32 --query-stride 16 --layers 0 12 23 --kv-head 0 --threads N``.
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("text", help="plain-text prose, e.g. ../shared/data/books/milton_paradise_lost.txt")
     ap.add_argument("--out", default="tests/fixtures/real_qk_qwen25coder05b.npz")
     ap.add_argument("--tokens", type=int, default=2048, help="N, tokens in the forward pass")
-    ap.add_argument("--queries", type=int, default=16, help="T, last positions whose queries are kept")
+    ap.add_argument("--queries", type=int, default=32, help="T, positions whose queries are kept")
+    ap.add_argument("--query-stride", type=int, default=16,
+                    help="keep the queries at N-1, N-1-stride, ... (T of them), spread over the end of the text")
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 12, 23])
     ap.add_argument("--kv-head", type=int, default=0)
     ap.add_argument("--model-name", default="Qwen2.5-Coder-0.5B-Instruct (AWQ Q4_K_M GGUF, dequantized; "
@@ -111,9 +114,11 @@ def main(argv=None) -> int:
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_q
     G = n_q // n_kv
     assert all(0 <= L < n_layers for L in layers), f"layers must be in 0..{n_layers - 1}"
-    assert 0 <= kvh < n_kv and 0 < T <= N
+    stride = args.query_stride
+    assert 0 <= kvh < n_kv and 0 < T and stride >= 1 and (T - 1) * stride < N
     qheads = list(range(kvh * G, (kvh + 1) * G))  # repeat_kv layout: query head h reads KV head h // G
-    pos = np.arange(N - T, N, dtype=np.int64)
+    pos = np.arange(N - 1 - (T - 1) * stride, N, stride, dtype=np.int64)
+    pos_t = torch.from_numpy(pos)
 
     ids = first_tokens(tok, read_prose(args.text), N)
     input_ids = torch.tensor([ids], dtype=torch.long)
@@ -126,7 +131,7 @@ def main(argv=None) -> int:
         qe, ke = orig_rope(q, k, cos, sin, *a, **kw)
         i = len(rope_calls)
         # q: [1, n_q, N, D], k: [1, n_kv, N, D]
-        rope_calls.append((qe[0, qheads][:, N - T:].detach().clone(), ke[0, kvh].detach().clone())
+        rope_calls.append((qe[0, qheads][:, pos_t].detach().clone(), ke[0, kvh].detach().clone())
                           if i in layers else None)
         return qe, ke
 
@@ -144,13 +149,13 @@ def main(argv=None) -> int:
 
         def post(mod, a, out, L=L):
             w = out[1]  # eager attention probabilities [1, n_q, N, N]
-            seen[L]["probs"] = w[0, qheads][:, N - T:].detach().clone()
+            seen[L]["probs"] = w[0, qheads][:, pos_t].detach().clone()
 
         def v_hook(mod, a, out, L=L):
             seen[L]["v"] = out[0].view(N, n_kv, D)[:, kvh].detach().clone()
 
         def o_pre(mod, a, L=L):
-            seen[L]["o_in"] = a[0][0].view(N, n_q, D)[N - T:, qheads].detach().clone()  # [T, G, D]
+            seen[L]["o_in"] = a[0][0].view(N, n_q, D)[pos_t][:, qheads].detach().clone()  # [T, G, D]
 
         hooks += [attn.register_forward_pre_hook(pre, with_kwargs=True), attn.register_forward_hook(post),
                   attn.v_proj.register_forward_hook(v_hook), attn.o_proj.register_forward_pre_hook(o_pre)]
@@ -184,7 +189,7 @@ def main(argv=None) -> int:
             qr = attn.q_proj(hs).view(1, N, n_q, D).transpose(1, 2)
             kr = attn.k_proj(hs).view(1, N, n_kv, D).transpose(1, 2)
             qr, kr = orig_rope(qr, kr, *s["cos_sin"])
-        d_recomp = max((qr[0, qheads][:, N - T:] - q).abs().max().item(), (kr[0, kvh] - k).abs().max().item())
+        d_recomp = max((qr[0, qheads][:, pos_t] - q).abs().max().item(), (kr[0, kvh] - k).abs().max().item())
 
         q_tgd = q.permute(1, 0, 2).contiguous()  # [T, G, D]
         q16, k16 = q_tgd.half(), k.half()
@@ -225,7 +230,7 @@ def main(argv=None) -> int:
                              "rope_theta", getattr(cfg, "rope_theta", None))},
         "source_text": os.path.basename(args.text),
         "tokens": N, "token_ids_first_last": [ids[0], ids[-1]],
-        "layers": layers, "kv_head": kvh, "query_heads": qheads, "queries_last_T": T,
+        "layers": layers, "kv_head": kvh, "query_heads": qheads, "queries": T, "query_stride": stride,
         "dtype": "float16 (captured in float32, eager attention, one forward pass, positions 0..N-1)",
         "layout": {"k_L{L}": "[N, D] post-RoPE keys of kv_head", "q_L{L}": "[T, G, D] post-RoPE queries of "
                    "query_heads at positions", "positions": "[T]; query at p attends keys 0..p; scale 1/sqrt(D)"},

@@ -1,0 +1,122 @@
+"""The premise on real data: page-local summaries keep the oracle's attention mass; a shared basis does not.
+
+Fixture: post-RoPE queries and keys of Qwen2.5-Coder-0.5B-Instruct over real prose (layers 0, 12, 23; one KV
+head and its 7 query heads; see ``samples/make_real_qk_fixture.py`` for how it was made).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from locks_engine import LocksConfig
+from locks_engine.ops import (
+    attention_mass_kept,
+    build_cache_summaries,
+    build_shared_basis_summaries,
+    fit_shared_basis,
+    oracle_scores,
+    score_pages,
+    select_pages,
+    shared_basis_scores,
+    shared_rank_at_equal_bytes,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "real_qk_qwen25coder05b.npz"
+BUDGET_FRACTION = 0.0625
+
+
+class RealSteps:
+    """Decode steps of one layer as a batch: step ``t`` is a sequence of ``positions[t] + 1`` tokens that all
+    share one block table over the fixture's keys (block size = page size = 16, one KV head)."""
+
+    def __init__(self, data, layer: int):
+        keys = torch.from_numpy(data[f"k_L{layer}"].astype(np.float32))  # [N, D]
+        queries = torch.from_numpy(data[f"q_L{layer}"].astype(np.float32))  # [T, G, D]
+        positions = torch.from_numpy(data["positions"]).long()
+        n, d = keys.shape
+        self.k_cache = keys.view(n // 16, 16, 1, d)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.q = queries
+        self.seq_lens = positions + 1
+        self.block_table = torch.arange(n // 16).expand(len(positions), -1)
+        self.pages = n // 16
+
+    def kept(self, scores, cfg):
+        selected = select_pages(scores, self.seq_lens, 1, cfg)
+        return attention_mass_kept(self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, selected, 16)
+
+    def locks_scores(self, cfg):
+        store = build_cache_summaries(self.k_cache, self.block_table, self.seq_lens, cfg)
+        return score_pages(self.q, store, self.block_table, self.seq_lens, 16, 16)
+
+    def shared_scores(self, rank):
+        pages = self.k_cache[: int(self.seq_lens.min()) // 16]
+        basis = fit_shared_basis(pages, rank)
+        store = build_shared_basis_summaries(self.k_cache, basis)
+        return shared_basis_scores(self.q, store, basis, self.block_table, self.seq_lens, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def real():
+    data = np.load(FIXTURE)
+    meta = json.loads(str(data["meta"]))
+    return data, meta
+
+
+def test_fixture_is_real_and_small(real):
+    data, meta = real
+    assert FIXTURE.stat().st_size < 1_000_000
+    assert 0 in meta["layers"] and len(meta["layers"]) >= 3
+    assert data["k_L0"].shape[0] >= 1024
+
+
+@pytest.mark.parametrize("fmt", ["colwise", "float"])
+def test_locks_keeps_the_oracle_mass_and_beats_a_shared_basis(real, fmt, capsys):
+    """Mass kept / oracle mass kept, mean over steps and query heads: >= 0.98 in every layer; the shared
+    basis (fitted on these very keys, at rank 8 and at equal bytes) keeps less, as the mean over layers.
+    Measured 2026-11-29 (colwise): LOCKS 0.991 / 0.999 / 0.998 in layers 0 / 12 / 23 (mean 0.9960); shared
+    at rank 8: 0.973 / 0.995 / 0.983; shared at equal bytes (rank 21): 1.001 / 0.994 / 0.992 (mean 0.9958).
+    At equal bytes the margin is thin, and at layer 0 the shared basis keeps more: the int4 basis is the
+    loss there (unquantized LOCKS: 1.000)."""
+    data, meta = real
+    means = {}
+    for layer in meta["layers"]:
+        steps = RealSteps(data, layer)
+        budget = max(3, round(steps.pages * BUDGET_FRACTION)) * 16
+        cfg = LocksConfig(budget=budget, rank=8, summary_format=fmt)
+        oracle = steps.kept(oracle_scores(steps.q, steps.k_cache, steps.block_table, steps.seq_lens, 16), cfg)
+        ratio = lambda kept: (kept / oracle).mean().item()  # noqa: E731
+        locks = ratio(steps.kept(steps.locks_scores(cfg), cfg))
+        equal_bytes = shared_rank_at_equal_bytes(LocksConfig(summary_format="colwise"), steps.q.shape[-1], steps.pages)
+        shared_rank = ratio(steps.kept(steps.shared_scores(8), cfg))
+        shared_bytes = ratio(steps.kept(steps.shared_scores(equal_bytes), cfg))
+        means[layer] = (locks, shared_rank, shared_bytes)
+        with capsys.disabled():
+            print(
+                f"\n{fmt:8s} layer {layer:2d}: mass kept / oracle at {BUDGET_FRACTION:.2%} budget: LOCKS r=8 {locks:.4f}, "
+                f"shared r=8 {shared_rank:.4f}, shared r={equal_bytes} (equal bytes) {shared_bytes:.4f}"
+            )
+    locks, shared_rank, shared_bytes = np.mean(list(means.values()), axis=0)
+    assert locks >= 0.98, f"mean over layers {locks:.4f}"
+    for layer, per_layer in means.items():
+        assert per_layer[0] >= 0.98, f"layer {layer}: {per_layer[0]:.4f}"
+    assert shared_rank < locks, f"shared basis at equal rank keeps {shared_rank:.4f} >= {locks:.4f}"
+    assert shared_bytes < locks, f"shared basis at equal bytes keeps {shared_bytes:.4f} >= {locks:.4f}"
+
+
+def test_paper_format_loses_tail_mass_in_layer_0(real, capsys):
+    """The paper's one-scale-per-tensor int8/int4 format, on layer 0's large near-constant channels, keeps
+    less than the colwise format (DESIGN.md, "Quantization needs care")."""
+    data, _ = real
+    steps = RealSteps(data, 0)
+    budget = max(3, round(steps.pages * BUDGET_FRACTION)) * 16
+    kept = {}
+    for fmt in ("paper", "colwise"):
+        cfg = LocksConfig(budget=budget, summary_format=fmt)
+        kept[fmt] = steps.kept(steps.locks_scores(cfg), cfg).mean().item()
+    with capsys.disabled():
+        print(f"\nlayer 0 absolute mass kept at {BUDGET_FRACTION:.2%}: {kept}")
+    assert kept["paper"] < kept["colwise"]
