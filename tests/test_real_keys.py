@@ -12,51 +12,17 @@ import pytest
 import torch
 
 from locks_engine import LocksConfig
-from locks_engine.ops import (
-    attention_mass_kept,
-    build_cache_summaries,
-    build_shared_basis_summaries,
-    fit_shared_basis,
-    oracle_scores,
-    score_pages,
-    select_pages,
-    shared_basis_scores,
-    shared_rank_at_equal_bytes,
-)
+from locks_engine.fidelity import DecodeSteps
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real_qk_qwen25coder05b.npz"
 BUDGET_FRACTION = 0.0625
 
 
-class RealSteps:
-    """Decode steps of one layer as a batch: step ``t`` is a sequence of ``positions[t] + 1`` tokens that all
-    share one block table over the fixture's keys (block size = page size = 16, one KV head)."""
-
-    def __init__(self, data, layer: int):
-        keys = torch.from_numpy(data[f"k_L{layer}"].astype(np.float32))  # [N, D]
-        queries = torch.from_numpy(data[f"q_L{layer}"].astype(np.float32))  # [T, G, D]
-        positions = torch.from_numpy(data["positions"]).long()
-        n, d = keys.shape
-        self.k_cache = keys.view(n // 16, 16, 1, d)
-        self.v_cache = torch.zeros_like(self.k_cache)
-        self.q = queries
-        self.seq_lens = positions + 1
-        self.block_table = torch.arange(n // 16).expand(len(positions), -1)
-        self.pages = n // 16
-
-    def kept(self, scores, cfg):
-        selected = select_pages(scores, self.seq_lens, 1, cfg)
-        return attention_mass_kept(self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, selected, 16)
-
-    def locks_scores(self, cfg):
-        store = build_cache_summaries(self.k_cache, self.block_table, self.seq_lens, cfg)
-        return score_pages(self.q, store, self.block_table, self.seq_lens, 16, 16)
-
-    def shared_scores(self, rank):
-        pages = self.k_cache[: int(self.seq_lens.min()) // 16]
-        basis = fit_shared_basis(pages, rank)
-        store = build_shared_basis_summaries(self.k_cache, basis)
-        return shared_basis_scores(self.q, store, basis, self.block_table, self.seq_lens, 16, 16)
+def steps_of(data, layer: int) -> DecodeSteps:
+    return DecodeSteps(
+        torch.from_numpy(data[f"k_L{layer}"]), torch.from_numpy(data[f"q_L{layer}"]),
+        torch.from_numpy(data["positions"]),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +50,12 @@ def test_locks_keeps_the_oracle_mass_and_beats_a_shared_basis(real, fmt, capsys)
     data, meta = real
     means = {}
     for layer in meta["layers"]:
-        steps = RealSteps(data, layer)
-        budget = max(3, round(steps.pages * BUDGET_FRACTION)) * 16
-        cfg = LocksConfig(budget=budget, rank=8, summary_format=fmt)
-        oracle = steps.kept(oracle_scores(steps.q, steps.k_cache, steps.block_table, steps.seq_lens, 16), cfg)
-        ratio = lambda kept: (kept / oracle).mean().item()  # noqa: E731
-        locks = ratio(steps.kept(steps.locks_scores(cfg), cfg))
-        equal_bytes = shared_rank_at_equal_bytes(LocksConfig(summary_format="colwise"), steps.q.shape[-1], steps.pages)
-        shared_rank = ratio(steps.kept(steps.shared_scores(8), cfg))
-        shared_bytes = ratio(steps.kept(steps.shared_scores(equal_bytes), cfg))
+        steps = steps_of(data, layer)
+        cfg = LocksConfig(budget=steps.budget(BUDGET_FRACTION), rank=8, summary_format=fmt)
+        locks, shared_rank, shared_bytes = (
+            steps.mass_vs_oracle(selector, cfg).mean().item() for selector in ("locks", "shared", "shared-bytes")
+        )
+        equal_bytes = steps.shared_rank_at_equal_bytes(cfg)
         means[layer] = (locks, shared_rank, shared_bytes)
         with capsys.disabled():
             print(
@@ -111,12 +74,11 @@ def test_paper_format_loses_tail_mass_in_layer_0(real, capsys):
     """The paper's one-scale-per-tensor int8/int4 format, on layer 0's large near-constant channels, keeps
     less than the colwise format (DESIGN.md, "Quantization needs care")."""
     data, _ = real
-    steps = RealSteps(data, 0)
-    budget = max(3, round(steps.pages * BUDGET_FRACTION)) * 16
+    steps = steps_of(data, 0)
     kept = {}
     for fmt in ("paper", "colwise"):
-        cfg = LocksConfig(budget=budget, summary_format=fmt)
-        kept[fmt] = steps.kept(steps.locks_scores(cfg), cfg).mean().item()
+        cfg = LocksConfig(budget=steps.budget(BUDGET_FRACTION), summary_format=fmt)
+        kept[fmt] = steps.kept(steps.scores("locks", cfg), cfg).mean().item()
     with capsys.disabled():
         print(f"\nlayer 0 absolute mass kept at {BUDGET_FRACTION:.2%}: {kept}")
     assert kept["paper"] < kept["colwise"]
