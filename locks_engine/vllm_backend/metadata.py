@@ -1,0 +1,179 @@
+"""Per-step metadata of the LOCKS backend and its builder (one builder per KV cache group).
+
+The builder asks vLLM to put decode rows (one query token) first in the batch (``reorder_batch_threshold =
+1``), so rows ``[0, num_decodes)`` are decodes and the rest attend densely (``prefill.py``). It also lists the
+KV pages that this step completes, by physical page id, so that each layer summarizes exactly those pages once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from vllm.v1.attention.backend import (
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+
+from locks_engine.config import LocksConfig
+from locks_engine.ops import summary_bytes
+from locks_engine.stats import StatsRing
+from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.prefill import PrefillRows
+from locks_engine.vllm_backend.step_stats import StepStats
+
+#: ``additional_config`` keys: the LocksConfig dict, and where statistics go (``locks_engine.stats``).
+CONFIG_KEY = "locks"
+STATS_PATH_KEY = "locks_stats_path"
+
+
+@dataclass
+class LocksMetadata:
+    """One step of one KV cache group, shared by its layers."""
+
+    cfg: LocksConfig
+    num_actual_tokens: int
+    num_decodes: int
+    """Rows `[0, num_decodes)` have one query token each (token ``i`` of the batch is row ``i``'s)."""
+    query_start_loc: Tensor
+    """`[R+1]` int32 query token offsets of the rows."""
+    seq_lens: Tensor
+    """`[R]` int32 tokens of each sequence after this step."""
+    block_table: Tensor
+    """`[R, W]` int32 physical block ids, ``W`` blocks cover the longest row."""
+    slot_mapping: Tensor
+    """`[T]` int64 cache slot (``block * block_size + offset``) of each token, ``-1`` for padding."""
+    new_page_ids: Tensor
+    """`[Pn]` int64 physical page ids of the pages this step completes."""
+    new_page_slots: Tensor
+    """`[Pn, B]` int64 cache slots of those pages' tokens."""
+    prefill: PrefillRows | None
+    """The rows after the decodes, or None."""
+    stats: StepStats | None
+    """Counters flushed by the last layer (``last_layer_name``), or None when no stats path is set."""
+    last_layer_name: str
+
+
+class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
+    """Builds ``LocksMetadata`` once per step from vLLM's ``CommonAttentionMetadata``.
+
+    Raises (at construction):
+        ValueError: bad ``additional_config["locks"]``, or the page size does not divide the block size.
+        RuntimeError: some decoder attention layer of the model runs another backend (startup check).
+    """
+
+    # The decode path syncs with the host (plain torch ops): no CUDA graphs yet.
+    _cudagraph_support = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1)
+        extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+        self.cfg = LocksConfig.from_dict(dict(extra.get(CONFIG_KEY) or {}))
+        self.block_size = kv_cache_spec.block_size
+        if self.block_size % self.cfg.page_size:
+            raise ValueError(
+                f"LocksConfig.page_size={self.cfg.page_size} must divide vLLM's KV cache block size "
+                f"{self.block_size}: pick a page size that divides it, or set block_size"
+            )
+        self.ppb = self.block_size // self.cfg.page_size
+        if compat.on_cpu():
+            compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads)
+        total, locks = check_layers(vllm_config)
+        self.last_layer_name = layer_names[-1] if layer_names else ""
+        self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks)
+
+    def _open_stats(self, path, spec, vllm_config, total: int, locks: int) -> StepStats | None:
+        if not path or not compat.first_rank():
+            return None
+        max_len = vllm_config.model_config.max_model_len if vllm_config.model_config else 1 << 17
+        ring = StatsRing.create(path, max_pages=-(-max_len // self.cfg.page_size), page_size=self.cfg.page_size)
+        ring.set_layers(total, locks)
+        cfg = self.cfg
+        summary, kv = summary_bytes(cfg.page_size, cfg.rank, spec.head_size, cfg.summary_format, spec.dtype)
+        return StepStats(ring, page_bytes=kv, summary_page_bytes=0 if cfg.dense else summary)
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> LocksMetadata:
+        cam = common_attn_metadata
+        rows = cam.num_reqs
+        starts = cam.query_start_loc_cpu[: rows + 1].tolist()
+        seq_lens_cpu = cam.seq_lens[:rows].cpu()
+        query_lens = [starts[i + 1] - starts[i] for i in range(rows)]
+        num_decodes = next((i for i, n in enumerate(query_lens) if n != 1), rows)
+        width = -(-int(seq_lens_cpu.max()) // self.block_size) if rows else 0
+        block_table = cam.block_table_tensor[:rows, :width]
+        ids, slots = self._new_pages(seq_lens_cpu, torch.tensor(query_lens), block_table.cpu())
+        prefill = None
+        if num_decodes < rows:
+            base = starts[num_decodes]
+            prefill = PrefillRows(
+                query_start_loc=(cam.query_start_loc[num_decodes : rows + 1] - base).to(torch.int32),
+                seq_lens=cam.seq_lens[num_decodes:rows],
+                block_table=block_table[num_decodes:],
+                query_start_loc_cpu=[s - base for s in starts[num_decodes:]],
+                seq_lens_cpu=seq_lens_cpu[num_decodes:].tolist(),
+            )
+        if self.stats is not None:
+            self.stats.reset(seq_lens_cpu[:num_decodes].tolist(), starts[rows] - starts[num_decodes])
+        return LocksMetadata(
+            cfg=self.cfg,
+            num_actual_tokens=cam.num_actual_tokens,
+            num_decodes=num_decodes,
+            query_start_loc=cam.query_start_loc[: rows + 1],
+            seq_lens=cam.seq_lens[:rows],
+            block_table=block_table,
+            slot_mapping=cam.slot_mapping,
+            new_page_ids=ids.to(self.device),
+            new_page_slots=slots.to(self.device),
+            prefill=prefill,
+            stats=self.stats,
+            last_layer_name=self.last_layer_name,
+        )
+
+    def _new_pages(self, seq_lens: Tensor, query_lens: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
+        """Physical ids `[Pn]` and token slots `[Pn, B]` of the pages completed by this step's tokens.
+
+        Page ``j`` of a row completes now when ``(seq_len - query_len) // B <= j < seq_len // B``.
+        """
+        page = self.cfg.page_size
+        first = (seq_lens - query_lens) // page
+        counts = (seq_lens // page - first).clamp_min(0)
+        if int(counts.sum()) == 0:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, page, dtype=torch.long)
+        row = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        pages = first[row] + offsets  # logical page index
+        blocks = block_table[row, pages // self.ppb].long()
+        ids = blocks * self.ppb + pages % self.ppb
+        slots = (blocks * self.block_size + (pages % self.ppb) * page).unsqueeze(1) + torch.arange(page)
+        return ids, slots
+
+
+def check_layers(vllm_config) -> tuple[int, int]:
+    """Count the model's decoder attention layers and those that run LOCKS.
+
+    Returns:
+        tuple[int, int]: ``(total, locks)``; ``(0, 0)`` when no model is loaded (engine-free tests).
+    Raises:
+        RuntimeError: some decoder attention layer runs another backend (vLLM fell back silently).
+    """
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    from locks_engine.vllm_backend.impl import LocksAttentionImpl
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention)
+    decoders = {n: layer for n, layer in layers.items() if layer.attn_type == AttentionType.DECODER}
+    others = sorted(n for n, layer in decoders.items() if not isinstance(layer.impl, LocksAttentionImpl))
+    if others:
+        impls = sorted({type(decoders[n].impl).__name__ for n in others})
+        raise RuntimeError(
+            f"LOCKS backend: {len(others)} of {len(decoders)} attention layers run {impls} instead "
+            f"(first: {others[0]}); on CPU check that LOCKS_OVERRIDE_CPU_ATTN is not 0"
+        )
+    return len(decoders), len(decoders)

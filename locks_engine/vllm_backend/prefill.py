@@ -1,0 +1,114 @@
+"""Dense attention for the prefill rows of a step (LOCKS only changes decode).
+
+On vLLM's CPU platform the rows run on vLLM's own CPU attention kernel (ISA ``vec``/``vec16``, whose cache
+layout ``compat.split_kv_cache("cpu_attn")`` reads); elsewhere a plain-torch path attends each row over its
+cached keys with a causal mask, in query chunks (correct, not fast: a GPU kernel belongs in ``kernels/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from locks_engine.vllm_backend import compat
+
+#: Query tokens per chunk of the plain-torch path (bounds the `[HQ, chunk, seq_len]` logits).
+TORCH_CHUNK = 512
+
+
+@dataclass
+class PrefillRows:
+    """The prefill rows of a step, rebased so that their first query token is token 0."""
+
+    query_start_loc: Tensor
+    """`[R+1]` int32: query token offsets of the rows, from 0."""
+    seq_lens: Tensor
+    """`[R]` int32: tokens of each row's sequence after this step (context + query)."""
+    block_table: Tensor
+    """`[R, W]` int32 physical block ids."""
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+    schedules: dict = field(default_factory=dict)
+    """vLLM CPU kernel schedule by query head count, built by the first layer that needs it."""
+
+
+def attend_prefill(
+    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor
+) -> None:
+    """Causal attention of the prefill rows' queries over their cached keys, written into ``out``.
+
+    Args:
+        rows (PrefillRows): the rows.
+        query (Tensor): `[T, HQ, D]` their query tokens, in row order.
+        kv_cache (Tensor): this layer's cache `[num_blocks, H, block_size, 2*D]` (K/V already written).
+        head_size (int): D. scale (float): softmax scale.
+        out (Tensor): `[T, HQ, D]`, written in place.
+    """
+    if compat.on_cpu():
+        _attend_cpu_kernel(rows, query, kv_cache, head_size, scale, out)
+    else:
+        _attend_torch(rows, query, kv_cache, head_size, scale, out)
+
+
+def _attend_cpu_kernel(rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor) -> None:
+    from vllm import _custom_ops as ops
+
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, head_size).chunk(2, dim=2)
+    num_heads = query.shape[1]
+    isa = compat.cpu_isa(head_size)
+    schedule = rows.schedules.get(num_heads)
+    if schedule is None:
+        schedule = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=rows.seq_lens.shape[0],
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_size,
+            seq_lens=rows.seq_lens,
+            dtype=query.dtype,
+            query_start_loc=rows.query_start_loc,
+            causal=True,
+            sliding_window_size=-1,
+            isa=isa,
+            enable_kv_split=True,
+        )
+        rows.schedules[num_heads] = schedule
+    ops.cpu_attention_with_kv_cache(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=out,
+        query_start_loc=rows.query_start_loc,
+        seq_lens=rows.seq_lens,
+        scale=scale,
+        causal=True,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=rows.block_table,
+        softcap=0.0,
+        scheduler_metadata=schedule,
+        s_aux=None,
+    )
+
+
+def _attend_torch(rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor) -> None:
+    k_cache, v_cache = compat.split_kv_cache(kv_cache, head_size, compat.kv_layout_name())
+    block_size = k_cache.shape[1]
+    starts, lens = rows.query_start_loc_cpu, rows.seq_lens_cpu
+    for row, seq_len in enumerate(lens):
+        q_start, q_end = starts[row], starts[row + 1]
+        blocks = rows.block_table[row, : -(-seq_len // block_size)].long()
+        keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)  # [H, N, D]
+        values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
+        context = seq_len - (q_end - q_start)
+        for c0 in range(q_start, q_end, TORCH_CHUNK):
+            c1 = min(c0 + TORCH_CHUNK, q_end)
+            positions = torch.arange(c0 - q_start, c1 - q_start, device=query.device) + context
+            mask = torch.arange(seq_len, device=query.device).unsqueeze(0) <= positions.unsqueeze(1)
+            q = query[c0:c1].transpose(0, 1)  # [HQ, C, D]
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            out[c0:c1] = o.transpose(0, 1).to(out.dtype)

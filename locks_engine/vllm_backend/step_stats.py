@@ -1,0 +1,97 @@
+"""Accumulates one step's LOCKS statistics over the layers and hands them to the ring file.
+
+Format and transport: ``locks_engine.stats`` (a memory-mapped ring any process can read).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from locks_engine.stats import StatsRing
+
+
+class StepStats:
+    """Counters of one KV cache group for one forward step, reused from step to step (allocated once).
+
+    Args:
+        ring (StatsRing): where finished steps go.
+        page_bytes (int): K+V bytes of one page of one KV head.
+        summary_page_bytes (int): bytes of one page summary of one KV head (0 when none are read).
+    """
+
+    def __init__(self, ring: StatsRing, page_bytes: int, summary_page_bytes: int) -> None:
+        self.ring = ring
+        self.page_bytes = page_bytes
+        self.summary_page_bytes = summary_page_bytes
+        self.max_rows = int(ring.header["max_rows"])
+        self.bins = int(ring.header["hist_bins"])
+        self.pages_per_bin = int(ring.header["pages_per_bin"])
+        self.hist = torch.zeros(self.max_rows, self.bins, dtype=torch.int32)  # [rows, bins]
+        self.row_pages = torch.zeros(self.max_rows, dtype=torch.int64)
+        self.steps = 0
+        self.reset([], 0)
+
+    def reset(self, seq_lens: list[int], num_prefill_tokens: int) -> None:
+        """Start a step whose decode rows have ``seq_lens`` tokens."""
+        self.seq_lens = seq_lens
+        self.num_prefill_tokens = num_prefill_tokens
+        self.hist.zero_()
+        self.row_pages.zero_()
+        self.layers = 0
+        self.kv_heads = 0
+        self.pages_read = 0
+        self.pages_total = 0
+        self.summaries_read = 0
+
+    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: int, kv_heads: int) -> None:
+        """Count one layer's decode reads.
+
+        Args:
+            selected (Tensor | None): `[S, H, K]` logical pages read, ``-1`` padded (None: no decode rows).
+            num_pages (Tensor | None): `[S]` pages of each decode row (incomplete last page included).
+            scored_pages (int): page summaries scanned by this layer, summed over rows (per KV head).
+            kv_heads (int): H.
+        """
+        self.layers += 1
+        self.kv_heads = kv_heads
+        if selected is None:
+            return
+        valid = (selected >= 0).cpu()
+        per_row = valid.sum(dim=(1, 2))  # [S]
+        self.pages_read += int(per_row.sum())
+        self.pages_total += int(num_pages.sum()) * kv_heads
+        self.summaries_read += scored_pages * kv_heads
+        rows = min(self.max_rows, selected.shape[0])
+        self.row_pages[:rows] += per_row[:rows]
+        bins = (selected[:rows].clamp_min(0).cpu() // self.pages_per_bin).clamp_max(self.bins - 1).flatten(1)
+        self.hist[:rows].scatter_add_(1, bins, valid[:rows].flatten(1).to(torch.int32))
+
+    def flush(self) -> None:
+        """Append the finished step to the ring."""
+        self.steps += 1
+        rows = min(self.max_rows, len(self.seq_lens))
+        page_size = int(self.ring.header["page_size"])
+        pad = [0] * (self.max_rows - rows)
+        row_total = [-(-n // page_size) * self.layers * self.kv_heads for n in self.seq_lens[:rows]]
+        self.ring.append(
+            {
+                "time_ns": time.time_ns(),
+                "step": self.steps,
+                "num_decodes": len(self.seq_lens),
+                "num_prefill_tokens": self.num_prefill_tokens,
+                "num_layers": self.layers,
+                "num_kv_heads": self.kv_heads,
+                "pages_read": self.pages_read,
+                "pages_total": self.pages_total,
+                "summaries_read": self.summaries_read,
+                "bytes_read": self.pages_read * self.page_bytes + self.summaries_read * self.summary_page_bytes,
+                "bytes_dense": self.pages_total * self.page_bytes,
+                "row_seq_len": list(self.seq_lens[:rows]) + pad,
+                "row_pages_read": self.row_pages.tolist(),
+                "row_pages_total": row_total + pad,
+                "row_hist": self.hist.clamp_max(65535).numpy(),
+            }
+        )
