@@ -44,3 +44,19 @@ class PageRangeError(LocksChatError):
 def exception_reason(exc: BaseException, limit: int = 120) -> str:
     """A library exception squeezed into a short fragment for a one-line message."""
     return (" ".join(str(exc).split()) or type(exc).__name__)[:limit]
+
+
+class ContextError(LocksChatError):
+    """A document (or page range) that does not fit the model's context: never truncated silently."""
+
+
+class EngineError(LocksChatError):
+    """The engine failed to start or to generate (exit code 3)."""
+
+    exit_code = 3
+
+
+class Cancelled(LocksChatError):
+    """The user interrupted (Ctrl+C); the request was aborted in the engine (exit code 130)."""
+
+    exit_code = 130

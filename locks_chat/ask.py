@@ -1,0 +1,115 @@
+"""One question about one document: context accounting, streaming, citations and statistics."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from locks_chat.citations import find_citations
+from locks_chat.engine import ChatEngine
+from locks_chat.errors import Cancelled, ContextError
+from locks_chat.ingest import Document
+from locks_chat.prompt import Prompt, build_prompt
+from locks_chat.reading import ReadingLog, StepReading
+
+
+@dataclass
+class AskResult:
+    answer: str
+    citations: list[dict[str, object]]
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_ms: float | None
+    tpot_ms: float | None
+    finish_reason: str | None
+    reading: ReadingLog = field(default_factory=ReadingLog)
+
+    def to_json(self, document: Document) -> dict[str, Any]:
+        return {
+            "answer": self.answer,
+            "citations": self.citations,
+            "document": {"source": document.source, "title": document.title, "pages": len(document.pages),
+                         "page_kind": document.page_kind.description},
+            "stats": {
+                "prompt_tokens": self.prompt_tokens,
+                "generated_tokens": self.generated_tokens,
+                "ttft_ms": self.ttft_ms,
+                "tpot_ms": self.tpot_ms,
+                "finish_reason": self.finish_reason,
+                **self.reading.summary(),
+            },
+        }
+
+
+def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens: int) -> None:
+    """Refuse a prompt that does not leave ``max_tokens`` of room in the context; never truncate.
+
+    Raises:
+        ContextError: with the numbers and the ways out (``--pages``, a larger-context ``--model``).
+    """
+    need = len(prompt.token_ids) + max_tokens
+    if need <= max_context:
+        return
+    overhead = len(prompt.token_ids) - prompt.document_tokens
+    room = max_context - max_tokens - overhead
+    per_page = prompt.document_tokens / max(1, len(prompt.pages))
+    fit = int(room // per_page) if room > 0 else 0
+    first = prompt.pages[0].label if prompt.pages else "1"
+    hint = f"--pages with about {fit} pages (e.g. --pages {first}-{prompt.pages[max(0, fit - 1)].label})" if fit else "--pages with fewer pages"
+    raise ContextError(
+        f"{document.source}: {prompt.document_tokens:,} document tokens + {overhead:,} prompt tokens + {max_tokens:,} "
+        f"for the answer do not fit the model's {max_context:,}-token context; pass {hint}, "
+        "or a larger-context --model"
+    )
+
+
+def ask(
+    engine: ChatEngine,
+    document: Document,
+    questions: list[str],
+    answers: list[str] = (),
+    max_tokens: int = 256,
+    on_text: Callable[[str], None] | None = None,
+    on_step: Callable[[StepReading], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> AskResult:
+    """Answer ``questions[-1]`` about ``document`` (earlier turns: ``questions[:-1]`` with ``answers``).
+
+    Raises:
+        ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
+        in the engine).
+    """
+    prompt = build_prompt(engine.tokenizer, document, questions, list(answers))
+    check_fits(prompt, document, engine.max_context, max_tokens)
+    parts: list[str] = []
+    log = ReadingLog()
+    first_s = last_s = None
+    generated, reason = 0, None
+    try:
+        for event in engine.stream(prompt.token_ids, max_tokens, cancel):
+            for record in event.stats:
+                reading = log.add(record, prompt)
+                if reading is not None and on_step is not None:
+                    on_step(reading)
+            if event.num_tokens > generated:
+                first_s = event.elapsed_s if first_s is None else first_s
+                last_s, generated = event.elapsed_s, event.num_tokens
+            if event.text:
+                parts.append(event.text)
+                if on_text is not None:
+                    on_text(event.text)
+            reason = event.finish_reason or reason
+    except KeyboardInterrupt as err:
+        raise Cancelled("interrupted: the request was aborted") from err
+    except Exception as err:
+        if type(err).__name__ == "GenerationCancelled":
+            raise Cancelled("cancelled: the request was aborted") from err
+        raise
+    answer = "".join(parts)
+    tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
+    return AskResult(
+        answer, find_citations(answer, document), len(prompt.token_ids), generated,
+        first_s * 1000 if first_s is not None else None, tpot, reason, log,
+    )

@@ -1,0 +1,62 @@
+"""The ``ask`` command's body: load, start the engine, stream, report (kept apart from the Typer wiring)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from locks_chat.errors import LocksChatError
+
+
+def _config(budget: int, rank: int, dense: bool):
+    from locks_engine.config import LocksConfig
+
+    try:
+        return LocksConfig(budget=budget, rank=rank, dense=dense)
+    except ValueError as err:
+        raise LocksChatError(f"{err}".replace("LocksConfig.", "--")) from err
+
+
+def run_ask(
+    doc: Path, question: str, pages: str | None, password: str | None, model: str | None, budget: int, rank: int,
+    dense: bool, max_tokens: int, context: int | None, json_out: bool, console: Console,
+) -> None:
+    """Run ``locks-chat ask``; raises :class:`LocksChatError` subclasses for everything a user can fix."""
+    from locks_chat.ask import ask
+    from locks_chat.engine import open_engine
+    from locks_chat.ingest import load_document, rich_progress
+
+    if not question.strip():
+        raise LocksChatError("the question is empty: ask something, e.g. \"Who is the narrator?\"")
+    cfg = _config(budget, rank, dense)
+    with rich_progress(f"Reading {doc.name}", console=console) as progress:
+        document = load_document(doc, password=password, pages=pages, progress=progress)
+    for warning in document.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    with console.status("Starting the engine (vLLM + LOCKS)..."):
+        engine = open_engine(model, cfg, context)
+    try:
+        stream = None if json_out else (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        result = ask(engine, document, [question], max_tokens=max_tokens, on_text=stream)
+    finally:
+        engine.close()
+    if json_out:
+        print(json.dumps(result.to_json(document), indent=2))
+        return
+    print()
+    summary = result.reading.summary()
+    steps = max(1, summary["decode_steps"])
+    read = f"{summary['kv_pages_read_fraction']:.0%} of KV pages" if summary["decode_steps"] else "no decode step"
+    pages_read = ", ".join(p["page"] for p in summary["document_pages_read"][:12]) or "-"
+    console.print(
+        f"[dim]{result.generated_tokens} tokens · prompt {result.prompt_tokens:,} tokens · TTFT "
+        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {result.tpot_ms or 0:.0f} ms · read {read} "
+        f"({summary['kv_bytes_read'] / steps / 1e6:.1f} of {summary['kv_bytes_dense'] / steps / 1e6:.1f} MB per token) · "
+        f"document pages read: {pages_read}[/]",
+        highlight=False, soft_wrap=True,
+    )
+    if result.finish_reason == "length":
+        console.print(f"[yellow]note:[/] the answer stopped at --max-tokens {max_tokens}", highlight=False)

@@ -1,0 +1,32 @@
+"""Options shared by the commands, as ``Annotated`` aliases (one definition, one help text each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+Doc = Annotated[Path, typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False)]
+Pages = Annotated[
+    Optional[str],
+    typer.Option("--pages", help="Page range to read, physical or printed: 40-80, iv-x, 12.", show_default=False),
+]
+Password = Annotated[Optional[str], typer.Option("--password", help="Password of an encrypted PDF.", show_default=False)]
+Model = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        help="Model: a local Hugging Face directory or a hub id; default: the built-in SmolLM2-135M-Instruct (offline).",
+        show_default=False,
+    ),
+]
+Budget = Annotated[int, typer.Option("--budget", help="LOCKS token budget per decode step and KV head.", min=1)]
+Rank = Annotated[int, typer.Option("--rank", help="Rank r of each KV page's key summary.", min=1)]
+Dense = Annotated[bool, typer.Option("--dense", help="Read every KV page (dense attention), for A/B runs.")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens in the answer.", min=1)]
+ContextLength = Annotated[
+    Optional[int],
+    typer.Option("--context", help="Context length in tokens (default: the model's).", min=256, show_default=False),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics).")]

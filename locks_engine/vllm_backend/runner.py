@@ -1,0 +1,160 @@
+"""Streaming generation on unmodified vLLM with the LOCKS backend: the engine the CLI and the TUI drive.
+
+One :class:`LocksEngine` owns one ``vllm.LLMEngine`` (V1) and drives it step by step, so that text streams as it
+is generated, a request can be aborted between steps (also during a chunked prefill), and every step's LOCKS
+statistics (``locks_engine.stats``) are read as they are written by the worker process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from locks_engine.config import LocksConfig
+from locks_engine.models import resolve_model
+from locks_engine.stats import StatsRing, require_locks
+
+
+class EngineStartError(RuntimeError):
+    """vLLM could not start with the LOCKS backend (message is one line)."""
+
+
+class GenerationCancelled(Exception):
+    """The request was aborted in the engine because the caller cancelled it."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model: str | None = None
+    """``None``/"builtin": the built-in model; a local HF directory; or a hub id."""
+    locks: LocksConfig = field(default_factory=LocksConfig)
+    max_model_len: int | None = None
+    """Context length in tokens (default: the model's)."""
+    kv_cache_gib: float = 1.0
+    """KV cache size in GiB (CPU: ``VLLM_CPU_KVCACHE_SPACE`` when unset)."""
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+@dataclass
+class StreamEvent:
+    """What one engine step produced for the request."""
+
+    text: str
+    """New text since the previous event (may be empty during prefill)."""
+    num_tokens: int
+    """Generated tokens so far."""
+    finished: bool
+    finish_reason: str | None
+    elapsed_s: float
+    """Seconds since the request was added."""
+    stats: list[dict[str, Any]]
+    """LOCKS step records (``locks_engine.stats.record_dtype``, plus the ring's ``pages_per_bin`` and
+    ``page_size``) written since the previous event."""
+
+
+class LocksEngine:
+    """vLLM ``LLMEngine`` with LOCKS on every attention layer.
+
+    Raises:
+        EngineStartError: vLLM failed to start, or some attention layer does not run LOCKS.
+    """
+
+    def __init__(self, options: EngineOptions, stats_dir: str | Path | None = None) -> None:
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.options = options
+        self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
+        self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
+        args = EngineArgs(
+            model=str(resolve_model(options.model)),
+            max_model_len=options.max_model_len,
+            enforce_eager=options.enforce_eager,
+            seed=options.seed,
+            additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
+        )
+        try:
+            self.llm = LLMEngine.from_engine_args(args)
+            self.ring = require_locks(self.stats_path, timeout_s=30.0)
+        except Exception as err:  # vLLM raises many kinds; the CLI shows one line
+            raise EngineStartError(f"the engine did not start: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_context = int(self.llm.vllm_config.model_config.max_model_len)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._seen = int(self.ring.header["written"])
+
+    def _new_stats(self) -> list[dict[str, Any]]:
+        written = int(self.ring.header["written"])
+        new = self.ring.latest(min(written - self._seen, self.ring.capacity)) if written > self._seen else []
+        self._seen = written
+        for record in new:
+            record["pages_per_bin"] = int(self.ring.header["pages_per_bin"])
+            record["page_size"] = int(self.ring.header["page_size"])
+        return new
+
+    def stream(
+        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None, temperature: float = 0.0
+    ) -> Iterator[StreamEvent]:
+        """Generate from ``prompt_ids``, one event per engine step.
+
+        Args:
+            prompt_ids (list[int]): prompt token ids (at most ``max_context - max_tokens``).
+            max_tokens (int): most tokens to generate.
+            cancel (threading.Event | None): checked between steps; when set, the request is aborted in the
+                engine and :class:`GenerationCancelled` is raised.
+        Raises:
+            GenerationCancelled: ``cancel`` was set. KeyboardInterrupt aborts the request and propagates.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, output_kind=RequestOutputKind.DELTA
+        )
+        with self._lock:
+            rid = f"locks-{next(self._ids)}"
+            self._new_stats()
+            start = time.perf_counter()
+            self.llm.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, params)
+            generated, finished = 0, False
+            try:
+                while not finished:
+                    if cancel is not None and cancel.is_set():
+                        raise GenerationCancelled("cancelled")
+                    outputs = [out for out in self.llm.step() if out.request_id == rid]
+                    stats = self._new_stats()
+                    text, reason = "", None
+                    for out in outputs:
+                        completion = out.outputs[0]
+                        text += completion.text
+                        generated += len(completion.token_ids)
+                        finished = finished or out.finished
+                        reason = completion.finish_reason or reason
+                    if not outputs and not self.llm.has_unfinished_requests():
+                        finished = True
+                    yield StreamEvent(text, generated, finished, reason, time.perf_counter() - start, stats)
+            finally:
+                if not finished:
+                    self.llm.abort_request([rid])
+                    while self.llm.has_unfinished_requests():
+                        self.llm.step()
+
+    def close(self) -> None:
+        """Shut the engine down and remove the statistics file."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            shutdown = getattr(llm, "shutdown", None) or getattr(llm.engine_core, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        if self._tmp is not None:
+            self._tmp.cleanup()
