@@ -1,0 +1,82 @@
+"""A scripted engine and a tiny tokenizer for app tests (no vLLM, no model)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class WordTokenizer:
+    """One token per word or punctuation mark or whitespace run, with character offsets."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        return text + ("<|assistant|>\n" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        spans = [(m.start(), m.end()) for m in re.finditer(r"\w+|\s+|[^\w\s]", text)]
+        return {"input_ids": [hash(text[a:b]) % 50000 for a, b in spans], "offset_mapping": spans}
+
+
+def step_record(seq_len: int, read_bins: list[int], page_size: int = 16, pages_per_bin: int = 1, bins: int = 64):
+    """A LOCKS step record (``locks_engine.stats``) for one decode row reading ``read_bins``."""
+    hist = np.zeros((8, bins), dtype=np.uint16)
+    hist[0, read_bins] = 3
+    total = -(-seq_len // page_size) * 6
+    return {
+        "num_decodes": 1, "num_prefill_tokens": 0, "row_seq_len": [seq_len] + [0] * 7,
+        "row_pages_read": [len(read_bins) * 3] + [0] * 7, "row_pages_total": [total] + [0] * 7,
+        "row_hist": hist, "bytes_read": len(read_bins) * 3 * 4096, "bytes_dense": total * 4096,
+        "pages_per_bin": pages_per_bin, "page_size": page_size,
+    }
+
+
+@dataclass
+class Event:
+    text: str
+    num_tokens: int
+    finished: bool
+    finish_reason: str | None
+    elapsed_s: float
+    stats: list = field(default_factory=list)
+
+
+class GenerationCancelled(Exception):
+    """Same name as the real engine's, which the app recognizes."""
+
+
+class FakeEngine:
+    """Streams ``answer`` word by word; each step reads KV pages ``bins_per_step[i]``."""
+
+    def __init__(self, answer="It is BLUE (p. 2).", max_context=100_000, bins_per_step=None, fail=None):
+        self.tokenizer = WordTokenizer()
+        self.max_context = max_context
+        self.answer = answer
+        self.bins_per_step = bins_per_step or [[0, 1, 2]]
+        self.fail = fail
+        self.prompts: list[list[int]] = []
+        self.aborted = 0
+        self.closed = False
+
+    def stream(self, prompt_ids, max_tokens, cancel: threading.Event | None = None):
+        self.prompts.append(list(prompt_ids))
+        words = re.findall(r"\S+\s*", self.answer)[:max_tokens]
+        try:
+            for i, word in enumerate(words):
+                if cancel is not None and cancel.is_set():
+                    raise GenerationCancelled("cancelled")
+                if self.fail is not None and i == 1:
+                    raise self.fail
+                bins = self.bins_per_step[i % len(self.bins_per_step)]
+                record = step_record(len(prompt_ids) + i, bins)
+                done = i == len(words) - 1
+                yield Event(word, i + 1, done, "stop" if done else None, 0.5 + 0.01 * i, [record])
+        except BaseException:
+            self.aborted += 1
+            raise
+
+    def close(self):
+        self.closed = True

@@ -1,0 +1,85 @@
+"""Prompt building: page markers, the token-to-page map, context accounting, citations, reading stats."""
+
+import pytest
+
+from locks_chat.ask import ask, check_fits
+from locks_chat.citations import find_citations
+from locks_chat.errors import Cancelled, ContextError
+from locks_chat.ingest.document import PageKind, RawPage, build_document
+from locks_chat.prompt import build_prompt
+from tests.fakes import FakeEngine, WordTokenizer
+
+
+def make_doc(texts, labels=None):
+    labels = labels or [str(i + 1) for i in range(len(texts))]
+    raw = [RawPage(i + 1, labels[i], t) for i, t in enumerate(texts)]
+    return build_document("book.pdf", "pdf", PageKind.PDF, "Book", raw, len(raw))
+
+
+def test_each_page_maps_back_from_its_tokens():
+    doc = make_doc(["alpha beta gamma", "", "delta epsilon", "zeta eta theta iota"], ["i", "ii", "1", "2"])
+    tok = WordTokenizer()
+    prompt = build_prompt(tok, doc, ["Where is delta?"])
+    assert [p.label for p in prompt.pages] == ["i", "1", "2"]  # the empty page has no tokens
+    for page, start in zip(prompt.pages, prompt.page_token_starts):
+        assert [p.label for p in prompt.pages_in_tokens(start, start + 1)] == [page.label]
+    first, end = prompt.document_token_range
+    assert prompt.pages_in_tokens(0, first) == []
+    assert prompt.pages_in_tokens(end, len(prompt.token_ids)) == []
+    assert [p.label for p in prompt.pages_in_tokens(first, end)] == ["i", "1", "2"]
+
+
+def test_later_turns_keep_the_document_prefix():
+    doc = make_doc(["alpha beta", "gamma delta"])
+    one = build_prompt(WordTokenizer(), doc, ["q1"])
+    two = build_prompt(WordTokenizer(), doc, ["q1", "q2"], ["a1"])
+    assert two.token_ids[: one.document_token_range[1]] == one.token_ids[: one.document_token_range[1]]
+    assert two.page_token_starts == one.page_token_starts
+
+
+def test_a_document_too_long_is_refused_with_numbers_and_ways_out():
+    doc = make_doc([" ".join(["word"] * 200)] * 10)
+    prompt = build_prompt(WordTokenizer(), doc, ["q"])
+    check_fits(prompt, doc, len(prompt.token_ids) + 256, 256)
+    with pytest.raises(ContextError) as err:
+        check_fits(prompt, doc, 2048, 256)
+    message = str(err.value)
+    assert "2,048-token context" in message and "--pages" in message and "--model" in message
+    assert "--pages 1-" in message
+
+
+def test_citations_match_labels():
+    doc = make_doc(["a", "b", "c"], ["iv", "1", "2"])
+    found = find_citations("It says so (p. 1), also on p. iv and pp. 1-2; see page 9.", doc)
+    assert found == [
+        {"page": "1", "physical": 2}, {"page": "iv", "physical": 1}, {"page": "2", "physical": 3},
+        {"page": "9", "physical": None},
+    ]
+
+
+def test_ask_streams_and_maps_kv_pages_to_document_pages():
+    doc = make_doc([" ".join(["word"] * 40), " ".join(["other"] * 40), " ".join(["third"] * 40)])
+    prompt = build_prompt(WordTokenizer(), doc, ["q"])
+    page2_bin = prompt.page_token_starts[1] // 16 + 1
+    engine = FakeEngine(answer="It is BLUE (p. 2).", bins_per_step=[[0, page2_bin]])
+    seen, steps = [], []
+    result = ask(engine, doc, ["q"], on_text=seen.append, on_step=steps.append)
+    assert "".join(seen) == result.answer == "It is BLUE (p. 2)."
+    assert result.citations == [{"page": "2", "physical": 2}]
+    assert result.generated_tokens == 5 and result.ttft_ms == pytest.approx(500)
+    assert result.tpot_ms == pytest.approx(10)
+    assert all([p.label for p in s.doc_pages] == ["2"] for s in steps)
+    summary = result.reading.summary()
+    assert summary["decode_steps"] == 5 and 0 < summary["kv_pages_read_fraction"] < 1
+    assert summary["document_pages_read"] == [{"page": "2", "steps": 5}]
+
+
+def test_cancel_aborts_the_request():
+    import threading
+
+    doc = make_doc(["alpha"])
+    engine = FakeEngine(answer="one two three")
+    cancel = threading.Event()
+    with pytest.raises(Cancelled):
+        ask(engine, doc, ["q"], on_text=lambda _: cancel.set(), cancel=cancel)
+    assert engine.aborted == 1
