@@ -15,6 +15,7 @@ from locks_engine.ops import (
     write_page_summaries,
 )
 from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.debug import poison_unselected
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import attend_prefill
 
@@ -152,7 +153,12 @@ class LocksAttentionImpl(AttentionImpl):
             scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
             scored = int((seq_lens.long() // cfg.page_size).sum())
         selected = trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
+        restore = None
+        if meta.poison_unselected:
+            restore = poison_unselected(k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size)
         attn, _ = sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale)
+        if restore is not None:
+            restore()
         out.copy_(attn)
         return selected, num_pages, scored
 

@@ -22,6 +22,7 @@ from locks_engine.config import LocksConfig
 from locks_engine.ops import summary_bytes
 from locks_engine.stats import StatsRing
 from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.debug import POISON_KEY
 from locks_engine.vllm_backend.prefill import PrefillRows
 from locks_engine.vllm_backend.step_stats import StepStats
 
@@ -55,6 +56,8 @@ class LocksMetadata:
     stats: StepStats | None
     """Counters flushed by the last layer (``last_layer_name``), or None when no stats path is set."""
     last_layer_name: str
+    poison_unselected: bool = False
+    """Test switch (``debug.py``): NaN-fill unselected pages around each decode attention."""
 
 
 class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
@@ -84,6 +87,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads)
         total, locks = check_layers(vllm_config)
         self.last_layer_name = layer_names[-1] if layer_names else ""
+        self.poison = bool(extra.get(POISON_KEY, False))
         self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks)
 
     def _open_stats(self, path, spec, vllm_config, total: int, locks: int) -> StepStats | None:
@@ -133,6 +137,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             prefill=prefill,
             stats=self.stats,
             last_layer_name=self.last_layer_name,
+            poison_unselected=self.poison,
         )
 
     def _new_pages(self, seq_lens: Tensor, query_lens: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,204 @@
+"""The LOCKS vLLM backend without an engine, vLLM-style (tests/v1/attention/test_attention_backends.py):
+named batch scenarios, randomly permuted block tables with block 0 reserved, a dense SDPA reference.
+
+Each scenario runs two steps through the real builder and impl: step 1 prefills every row's context (so the
+summaries are built by the backend itself), step 2 is the scenario's batch (decodes first, then prefills).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
+
+from vllm.config import VllmConfig  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+
+from locks_engine.config import LocksConfig  # noqa: E402
+from locks_engine.stats import StatsRing  # noqa: E402
+from locks_engine.vllm_backend import compat  # noqa: E402
+from locks_engine.vllm_backend.impl import LocksAttentionImpl  # noqa: E402
+from locks_engine.vllm_backend.metadata import LocksMetadataBuilder  # noqa: E402
+
+NUM_BLOCKS, BLOCK_SIZE, HQ, H, D = 48, 32, 6, 2, 64
+
+
+@dataclass(frozen=True)
+class Batch:
+    seq_lens: list[int]
+    query_lens: list[int]
+
+
+SCENARIOS = {
+    "small_decode": Batch([40, 75], [1, 1]),
+    "single_prefill": Batch([53], [53]),
+    "mixed_small": Batch([33, 64, 90], [1, 1, 20]),
+    "chunked_prefill": Batch([100], [30]),
+    "medium_decode": Batch([300, 511, 129, 17], [1, 1, 1, 1]),
+    "one_page": Batch([16], [1]),
+}
+
+
+def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float) -> None:
+    """Relative RMSE of ``out`` against ``ref`` at most ``ratio``; fails on NaN."""
+    ref, out = ref.float(), out.float()
+    assert torch.isfinite(out).all(), f"{name}: non-finite output"
+    err = (out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)
+    assert err <= ratio, f"{name}: relative RMSE {err:.2e} > {ratio:.0e}"
+
+
+def make_builder(cfg: LocksConfig, dtype: torch.dtype, stats_path=None) -> LocksMetadataBuilder:
+    extra = {"locks": cfg.to_dict()}
+    if stats_path is not None:
+        extra["locks_stats_path"] = str(stats_path)
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=H, head_size=D, dtype=dtype)
+    return LocksMetadataBuilder(spec, ["layer.0"], VllmConfig(additional_config=extra), torch.device("cpu"))
+
+
+def common_metadata(seq_lens, query_lens, block_table) -> CommonAttentionMetadata:
+    """vLLM's per-step metadata for rows whose last ``query_lens`` tokens are computed now."""
+    starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
+    slots = []
+    for row, (n, q) in enumerate(zip(seq_lens, query_lens)):
+        pos = torch.arange(n - q, n)
+        slots.append(block_table[row, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
+    return CommonAttentionMetadata(
+        query_start_loc=starts,
+        query_start_loc_cpu=starts.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=len(seq_lens),
+        num_actual_tokens=int(starts[-1]),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=block_table,
+        slot_mapping=torch.cat(slots),
+    )
+
+
+class Run:
+    """Random q/k/v for a batch, a KV cache, and the two steps through builder + impl."""
+
+    def __init__(self, batch: Batch, cfg: LocksConfig, dtype: torch.dtype, seed: int = 0, stats_path=None) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.batch, self.dtype = batch, dtype
+        self.q = [torch.randn(n, HQ, D, generator=gen).to(dtype) for n in batch.seq_lens]
+        self.k = [torch.randn(n, H, D, generator=gen).to(dtype) for n in batch.seq_lens]
+        self.v = [torch.randn(n, H, D, generator=gen).to(dtype) for n in batch.seq_lens]
+        free = (torch.randperm(NUM_BLOCKS - 1, generator=gen) + 1).tolist()  # block 0 reserved
+        width = max(-(-n // BLOCK_SIZE) for n in batch.seq_lens)
+        self.block_table = torch.zeros(len(batch.seq_lens), width + 2, dtype=torch.int32)
+        for row, n in enumerate(batch.seq_lens):
+            for j in range(-(-n // BLOCK_SIZE)):
+                self.block_table[row, j] = free.pop()
+        self.kv_cache = torch.zeros(NUM_BLOCKS, H, BLOCK_SIZE, 2 * D, dtype=dtype)
+        self.builder = make_builder(cfg, dtype, stats_path)
+        self.impl = LocksAttentionImpl(HQ, D, D**-0.5, H)
+
+    def _run(self, seq_lens, query_lens) -> torch.Tensor:
+        rows = [i for i, q in enumerate(query_lens) if q > 0]
+        seq_lens = [seq_lens[i] for i in rows]
+        query_lens = [query_lens[i] for i in rows]
+        cam = common_metadata(seq_lens, query_lens, self.block_table[rows])
+        pick = lambda xs: torch.cat([xs[i][n - q : n] for i, n, q in zip(rows, seq_lens, query_lens)])  # noqa: E731
+        q, k, v = pick(self.q), pick(self.k), pick(self.v)
+        self.impl.do_kv_cache_update(None, k, v, self.kv_cache, cam.slot_mapping)
+        meta = self.builder.build(0, cam)
+        out = torch.full_like(q, float("nan"))
+        self.impl.forward(None, q, k, v, self.kv_cache, meta, out)
+        return out
+
+    def prefill_context(self) -> None:
+        """Step 1: compute every row's tokens before the scenario's query."""
+        context = [n - q for n, q in zip(self.batch.seq_lens, self.batch.query_lens)]
+        if any(context):
+            self._run(context, context)
+
+    def scenario_step(self) -> torch.Tensor:
+        """Step 2: the scenario's batch."""
+        return self._run(self.batch.seq_lens, self.batch.query_lens)
+
+    def reference(self) -> torch.Tensor:
+        """Dense causal SDPA (fp32) of the scenario's query tokens over all their sequence's tokens."""
+        outs = []
+        for q, k, v, n, ql in zip(self.q, self.k, self.v, self.batch.seq_lens, self.batch.query_lens):
+            qq = q[n - ql :].float().transpose(0, 1)
+            mask = torch.arange(n).unsqueeze(0) <= torch.arange(n - ql, n).unsqueeze(1)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qq, k.float().transpose(0, 1), v.float().transpose(0, 1), attn_mask=mask, enable_gqa=True
+            )
+            outs.append(o.transpose(0, 1))
+        return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_budget_covering_context_equals_dense(name: str, dtype: torch.dtype) -> None:
+    batch = SCENARIOS[name]
+    cfg = LocksConfig(budget=max(batch.seq_lens) + 3 * LocksConfig().page_size)
+    run = Run(batch, cfg, dtype)
+    run.prefill_context()
+    assert_close(name, run.reference(), run.scenario_step(), 1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dense_switch_equals_dense(dtype: torch.dtype) -> None:
+    batch = SCENARIOS["medium_decode"]
+    run = Run(batch, LocksConfig(budget=64, dense=True), dtype)
+    run.prefill_context()
+    assert_close("dense", run.reference(), run.scenario_step(), 1e-5 if dtype == torch.float32 else 2e-2)
+
+
+def test_sparse_reads_fewer_pages_and_only_those(tmp_path) -> None:
+    """Small budget on long rows: fewer pages read than a dense decode, and the output depends on nothing
+    else: NaN in every page no head read leaves it finite and unchanged."""
+    batch = SCENARIOS["medium_decode"]
+    cfg = LocksConfig(budget=96, summary_format="float")  # 6 pages of 16
+    run = Run(batch, cfg, torch.float32, stats_path=tmp_path / "stats.bin")
+    run.prefill_context()
+    first = run.scenario_step()
+    ring = StatsRing(tmp_path / "stats.bin")
+    record, per_bin = ring.latest()[0], int(ring.header["pages_per_bin"])
+    assert record["num_decodes"] == 4 and record["num_layers"] == 1
+    assert record["pages_read"] < record["pages_total"]
+    assert record["bytes_read"] < record["bytes_dense"]
+    assert list(record["row_pages_read"][:4]) == [H * 6, H * 6, H * 6, H * 2]  # 17 tokens: 2 pages
+    k_cache, v_cache = compat.split_kv_cache(run.kv_cache, D, compat.kv_layout_name())
+    for row, n in enumerate(batch.seq_lens):
+        for page in range(-(-n // 16)):
+            if record["row_hist"][row, page // per_bin] == 0:
+                block = run.block_table[row, page * 16 // BLOCK_SIZE]
+                tokens = slice(page * 16 % BLOCK_SIZE, page * 16 % BLOCK_SIZE + 16)
+                k_cache[block, tokens] = float("nan")
+                v_cache[block, tokens] = float("nan")
+    assert torch.isnan(run.kv_cache).any()
+    again = run.scenario_step()
+    assert torch.isfinite(again).all()
+    assert torch.equal(first, again)
+
+
+def test_summaries_follow_physical_pages() -> None:
+    """Pages completed in a step are summarized once, at their physical page id."""
+    run = Run(SCENARIOS["chunked_prefill"], LocksConfig(budget=64, summary_format="float"), torch.float32)
+    run.prefill_context()  # 70 tokens: pages 0..3 complete
+    store = run.impl._store
+    ppb = BLOCK_SIZE // 16
+    ids = [int(run.block_table[0, j // ppb]) * ppb + j % ppb for j in range(6)]
+    written = store.centroid.abs().sum(dim=(1, 2)) > 0
+    assert written[ids[:4]].all() and not written[ids[4:]].any()
+    assert int(written.sum()) == 4
+    before = store.centroid.clone()
+    run.scenario_step()  # up to 100 tokens: pages 4, 5 complete
+    written = store.centroid.abs().sum(dim=(1, 2)) > 0
+    assert written[ids].all() and int(written.sum()) == 6
+    assert torch.equal(store.centroid[ids[:4]], before[ids[:4]])
+    expected = torch.stack([run.k[0][j * 16 : (j + 1) * 16].float().mean(0) for j in range(6)])
+    torch.testing.assert_close(store.centroid[ids], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_page_size_must_divide_block_size() -> None:
+    with pytest.raises(ValueError, match="page_size=24 must divide"):
+        make_builder(LocksConfig(page_size=24, rank=8, budget=24 * 3), torch.float32)
