@@ -1,0 +1,67 @@
+"""``locks-chat ask`` end to end: a generated PDF whose answer sits on one page, the real CLI, vLLM with LOCKS
+and the built-in model (about a minute: one engine start)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
+fpdf = pytest.importorskip("fpdf", reason="fpdf2 is a test requirement")
+
+FACT_PAGE = 4
+FACT = "The lighthouse on Gull Rock was automated in 1987, and no keeper has lived there since."
+QUESTION = "In which year was the lighthouse on Gull Rock automated?"
+
+
+def filler(rng: random.Random, sentences: int) -> str:
+    subjects = ["The tide", "A gull", "The supply boat", "The north wind", "An old fisherman", "The harbour bell"]
+    verbs = ["turned slowly past", "waited beside", "drifted along", "called out over", "circled above"]
+    objects = ["the grey shingle", "the harbour wall", "the chandler's shop", "the fish market", "the sea road"]
+    return " ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(sentences))
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from locks_engine.models import ModelError, resolve_model
+
+    try:
+        return str(resolve_model(None))
+    except ModelError as err:
+        pytest.skip(f"built-in model unavailable: {err}")
+
+
+@pytest.fixture
+def fact_pdf(tmp_path):
+    rng = random.Random(7)
+    pdf = fpdf.FPDF()
+    pdf.set_font("helvetica", size=11)
+    for number in range(1, 7):
+        pdf.add_page()
+        text = filler(rng, 14)
+        if number == FACT_PAGE:
+            text = f"{filler(rng, 6)} {FACT} {filler(rng, 6)}"
+        pdf.multi_cell(0, 6, text)
+    path = tmp_path / "harbour.pdf"
+    pdf.output(str(path))
+    return path
+
+
+def test_ask_returns_the_fact_and_reads_its_page(fact_pdf, model_dir):
+    command = [
+        sys.executable, "-m", "locks_chat.cli", "ask", str(fact_pdf), QUESTION,
+        "--model", model_dir, "--budget", "256", "--max-tokens", "32", "--json",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert "1987" in result["answer"]
+    stats = result["stats"]
+    assert stats["decode_steps"] > 0 and stats["prompt_tokens"] > 256
+    assert 0 < stats["kv_pages_read_fraction"] < 1, "LOCKS read fewer KV pages than the prompt has"
+    assert stats["kv_bytes_read"] < stats["kv_bytes_dense"]
+    assert str(FACT_PAGE) in {p["page"] for p in stats["document_pages_read"]}, "the carrier page was read"
