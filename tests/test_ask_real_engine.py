@@ -56,7 +56,7 @@ def test_ask_returns_the_fact_and_reads_its_page(fact_pdf, model_dir):
         sys.executable, "-m", "locks_chat.cli", "ask", str(fact_pdf), QUESTION,
         "--model", model_dir, "--budget", "256", "--max-tokens", "32", "--json",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=fact_pdf.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert "1987" in result["answer"]

@@ -7,8 +7,10 @@ import pytest
 
 
 def _modules_after(statement: str) -> set[str]:
+    """Modules loaded by ``statement`` in a fresh interpreter started outside the checkout (as an installed
+    package is used: from the checkout's root, the ``kernels/`` folder itself would be importable)."""
     code = f"import sys; {statement}; print('\\n'.join(sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     return set(out.stdout.split())
 
 
