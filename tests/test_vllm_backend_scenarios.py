@@ -134,9 +134,18 @@ class Run:
         return torch.cat(outs)
 
 
+@pytest.fixture(params=["cpu_kernel", "torch_fallback"])
+def platform(request, monkeypatch) -> str:
+    """``cpu_kernel``: vLLM's CPU platform (cpu_attn cache layout, vLLM's kernel for prefill rows);
+    ``torch_fallback``: what runs elsewhere (packed K|V layout, plain-torch prefill), exercised on the CPU."""
+    if request.param == "torch_fallback":
+        monkeypatch.setattr(compat, "on_cpu", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_budget_covering_context_equals_dense(name: str, dtype: torch.dtype) -> None:
+def test_budget_covering_context_equals_dense(name: str, dtype: torch.dtype, platform: str) -> None:
     batch = SCENARIOS[name]
     cfg = LocksConfig(budget=max(batch.seq_lens) + 3 * LocksConfig().page_size)
     run = Run(batch, cfg, dtype)
@@ -152,7 +161,7 @@ def test_dense_switch_equals_dense(dtype: torch.dtype) -> None:
     assert_close("dense", run.reference(), run.scenario_step(), 1e-5 if dtype == torch.float32 else 2e-2)
 
 
-def test_sparse_reads_fewer_pages_and_only_those(tmp_path) -> None:
+def test_sparse_reads_fewer_pages_and_only_those(tmp_path, platform: str) -> None:
     """Small budget on long rows: fewer pages read than a dense decode, and the output depends on nothing
     else: NaN in every page no head read leaves it finite and unchanged."""
     batch = SCENARIOS["medium_decode"]

