@@ -81,8 +81,9 @@ def check_cpu_layout(head_size: int, dtype: torch.dtype, num_kv_heads: int = 2) 
 
     blocks, block_size, tokens = 3, 32, 40
     cache = torch.zeros(blocks, num_kv_heads, block_size, 2 * head_size, dtype=dtype)
-    key = torch.randn(tokens, num_kv_heads, head_size).to(dtype)
-    value = torch.randn(tokens, num_kv_heads, head_size).to(dtype)
+    gen = torch.Generator().manual_seed(0)  # leave the global RNG alone
+    key = torch.randn(tokens, num_kv_heads, head_size, generator=gen).to(dtype)
+    value = torch.randn(tokens, num_kv_heads, head_size, generator=gen).to(dtype)
     slots = torch.arange(tokens) + block_size  # blocks 1 and 2
     kc, vc = cache.view(blocks, num_kv_heads, 2 * block_size, head_size).chunk(2, dim=2)
     ops.cpu_attn_reshape_and_cache(key, value, kc, vc, slots, cpu_isa(head_size))

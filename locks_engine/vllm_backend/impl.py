@@ -132,7 +132,9 @@ class LocksAttentionImpl(AttentionImpl):
         key = (k_cache.data_ptr(), k_cache.shape[0], meta.cfg)
         if self._store_key != key:
             num_pages = k_cache.shape[0] * (k_cache.shape[1] // page_size)
-            self._store = allocate_page_summaries(num_pages, self.num_kv_heads, self.head_size, meta.cfg, k_cache.device)
+            self._store = allocate_page_summaries(
+                num_pages, self.num_kv_heads, self.head_size, meta.cfg, k_cache.device
+            )
             self._store_key = key
         if meta.new_page_ids.numel():
             slots = meta.new_page_slots
@@ -156,7 +158,9 @@ class LocksAttentionImpl(AttentionImpl):
         restore = None
         if meta.poison_unselected:
             restore = poison_unselected(k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size)
-        attn, _ = sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale)
+        attn, _ = sparse_paged_attention(
+            q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale
+        )
         if restore is not None:
             restore()
         out.copy_(attn)

@@ -52,7 +52,9 @@ def attend_prefill(
         _attend_torch(rows, query, kv_cache, head_size, scale, out)
 
 
-def _attend_cpu_kernel(rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor) -> None:
+def _attend_cpu_kernel(
+    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor
+) -> None:
     from vllm import _custom_ops as ops
 
     num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
@@ -93,7 +95,9 @@ def _attend_cpu_kernel(rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_
     )
 
 
-def _attend_torch(rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor) -> None:
+def _attend_torch(
+    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor
+) -> None:
     k_cache, v_cache = compat.split_kv_cache(kv_cache, head_size, compat.kv_layout_name())
     block_size = k_cache.shape[1]
     starts, lens = rows.query_start_loc_cpu, rows.seq_lens_cpu
