@@ -11,9 +11,9 @@ Use::
     from locks_engine.config import LocksConfig
     llm = LLM(model=dir, additional_config={
         "locks": LocksConfig(budget=512).to_dict(),      # settings, via LocksConfig.from_dict
-        "locks_stats_path": "/tmp/locks-stats.bin",     # optional: per-step statistics
+        "locks_stats_path": "run/locks-stats.bin",      # optional: per-step statistics
     })
-    locks_engine.stats.require_locks("/tmp/locks-stats.bin")  # fails unless every layer runs LOCKS
+    locks_engine.stats.require_locks("run/locks-stats.bin")  # fails unless every layer runs LOCKS
 
 Statistics leave the engine's worker process through a memory-mapped ring file (``locks_engine.stats``): one
 record per forward step with pages and bytes read vs dense, per decode row a histogram of the pages read, and
