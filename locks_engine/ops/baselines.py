@@ -35,8 +35,10 @@ def oracle_scores(
         Tensor: fp32 `[S, HQ, Pmax]`, ``-inf`` for incomplete pages.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    keys = expand_kv_heads(gather_pages(k_cache, block_table, page_size), q.shape[1], 3)  # [S, Pmax, B, HQ, D]
-    logits = scale * torch.einsum("shd,spbhd->shpb", q.float(), keys.float())
+    keys = gather_pages(k_cache, block_table, page_size)  # [S, Pmax, B, H, D]
+    seqs, num_q_heads, dim = q.shape
+    qg = q.float().view(seqs, keys.shape[3], num_q_heads // keys.shape[3], dim)  # [S, H, G, D]
+    logits = scale * torch.einsum("shgd,spbhd->shgpb", qg, keys.float()).flatten(1, 2)  # [S, HQ, Pmax, B]
     valid = page_token_mask(seq_lens, keys.shape[1], page_size).unsqueeze(1)  # [S, 1, Pmax, B]
     scores = torch.logsumexp(logits.masked_fill(~valid, float("-inf")), dim=-1)
     return mask_incomplete(scores, seq_lens, page_size)

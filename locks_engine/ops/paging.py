@@ -66,7 +66,7 @@ def gather_pages(cache: Tensor, block_table: Tensor, page_size: int) -> Tensor:
     ppb = pages_per_block(cache, page_size)
     blocks = cache[block_table.long()]  # [S, max_blocks, block_size, H, D]
     seqs, max_blocks, _, heads, dim = blocks.shape
-    return blocks.view(seqs, max_blocks * ppb, page_size, heads, dim)
+    return blocks.reshape(seqs, max_blocks * ppb, page_size, heads, dim)
 
 
 def gather_selected_tokens(

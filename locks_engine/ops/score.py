@@ -45,16 +45,14 @@ def score_pages(
         Tensor: fp32 of shape `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages
         that are not complete (no summary yet) or past the sequence.
     """
-    num_q_heads, dim = q.shape[1], q.shape[2]
+    seqs, num_q_heads, dim = q.shape
     scale = dim**-0.5 if scale is None else scale
     ids = physical_page_ids(block_table, block_size // page_size)  # [S, Pmax]
     centroid, basis, coeffs = store.index(ids).dequantize()  # [S,Pmax,H,D] [S,Pmax,H,r,D] [S,Pmax,H,B,r]
-    centroid = expand_kv_heads(centroid, num_q_heads, 2)
-    basis = expand_kv_heads(basis, num_q_heads, 2)
-    coeffs = expand_kv_heads(coeffs, num_q_heads, 2)
-    qf = q.float()
-    q_mu = torch.einsum("shd,sphd->sph", qf, centroid)  # [S, Pmax, HQ]
-    q_v = torch.einsum("shd,sphrd->sphr", qf, basis)  # [S, Pmax, HQ, r]
-    logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphr,sphbr->sphb", q_v, coeffs))  # [S, Pmax, HQ, B]
-    scores = torch.logsumexp(logits, dim=-1).transpose(1, 2)  # [S, HQ, Pmax]
+    heads = centroid.shape[2]
+    qg = q.float().view(seqs, heads, num_q_heads // heads, dim)  # [S, H, G, D]
+    q_mu = torch.einsum("shgd,sphd->sphg", qg, centroid)  # [S, Pmax, H, G]
+    q_v = torch.einsum("shgd,sphrd->sphgr", qg, basis)  # [S, Pmax, H, G, r]
+    logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphgr,sphbr->sphgb", q_v, coeffs))  # [S, Pmax, H, G, B]
+    scores = torch.logsumexp(logits, dim=-1).flatten(2).transpose(1, 2)  # [S, HQ, Pmax]
     return mask_incomplete(scores, seq_lens, page_size)
