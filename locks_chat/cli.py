@@ -8,8 +8,9 @@ fit, 3 engine failure, 130 interrupted); nothing they cause prints a traceback. 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -69,9 +70,73 @@ def ask(
     run_ask(doc, question, pages, password, model, budget, rank, dense, max_tokens, context, json_out, err_console)
 
 
+@app.command(epilog="Example: locks-chat book.pdf --pages 1-40 --budget 512   (same as: locks-chat chat book.pdf ...)")
+@one_line_errors
+def chat(
+    doc: opt.Doc,
+    pages: opt.Pages = None,
+    password: opt.Password = None,
+    model: opt.Model = None,
+    budget: opt.Budget = None,
+    rank: opt.Rank = None,
+    dense: opt.Dense = None,
+    max_tokens: opt.MaxTokens = None,
+    context: opt.ContextLength = None,
+    new: opt.NewSession = False,
+) -> None:
+    """Chat with a document in the terminal app, watching which pages LOCKS reads (the default command).
+
+    Options not given come from the settings file, which /budget, /rank and /dense update.
+    """
+    from locks_chat.chat_command import run_chat
+
+    run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new)
+
+
+sessions_app = typer.Typer(no_args_is_help=True, help="Saved conversations: one per book (path and content).")
+app.add_typer(sessions_app, name="sessions")
+
+
+@sessions_app.command("list", epilog="Example: locks-chat sessions list --json")
+@one_line_errors
+def sessions_list(json_out: opt.Json = False) -> None:
+    """List saved conversations, newest first."""
+    from locks_chat.sessions_command import list_sessions
+
+    list_sessions(json_out, Console())
+
+
+@sessions_app.command("show", epilog="Example: locks-chat sessions show 3 > transcript.md")
+@one_line_errors
+def sessions_show(session_id: Annotated[int, typer.Argument(help="Session id (see sessions list).")]) -> None:
+    """Print a conversation as Markdown, with page citations."""
+    from locks_chat.sessions_command import show_session
+
+    show_session(session_id)
+
+
+@sessions_app.command("delete", epilog="Example: locks-chat sessions delete 3 4")
+@one_line_errors
+def sessions_delete(session_ids: Annotated[list[int], typer.Argument(help="Session ids (see sessions list).")]) -> None:
+    """Delete conversations."""
+    from locks_chat.sessions_command import delete_sessions
+
+    delete_sessions(session_ids, err_console)
+
+
+def with_default_command(args: list[str]) -> list[str]:
+    """``locks-chat book.pdf ...`` means ``locks-chat chat book.pdf ...``: insert ``chat`` when the first
+    argument is neither a command nor an option."""
+    commands = {info.name or info.callback.__name__ for info in app.registered_commands}
+    commands |= {group.name for group in app.registered_groups}
+    if args and not args[0].startswith("-") and args[0] not in commands:
+        return ["chat", *args]
+    return args
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    app(args=with_default_command(sys.argv[1:]))
 
 
 if __name__ == "__main__":

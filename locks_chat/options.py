@@ -29,4 +29,7 @@ ContextLength = Annotated[
     Optional[int],
     typer.Option("--context", help="Context length in tokens (default: the model's).", min=256, show_default=False),
 ]
+NewSession = Annotated[
+    bool, typer.Option("--new", help="Start a new conversation instead of resuming the book's last one.")
+]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics).")]

@@ -24,6 +24,9 @@ class StepReading:
     """KV pages a dense step reads, same units."""
     doc_pages: tuple[DocPage, ...]
     """Document pages whose tokens some layer read in this step."""
+    doc_page_share: tuple[float, ...] = ()
+    """For each of ``doc_pages``: the share, 0..1, of its (KV page, layer, KV head) slots read in this step
+    (a page every layer and head read whole is 1.0); what changes from token to token."""
 
 
 def step_reading(record: dict[str, Any], prompt: Prompt, row: int = 0) -> StepReading | None:
@@ -31,17 +34,30 @@ def step_reading(record: dict[str, Any], prompt: Prompt, row: int = 0) -> StepRe
     if int(record["num_decodes"]) <= row or row >= len(record["row_seq_len"]):
         return None
     tokens_per_bin = int(record["pages_per_bin"]) * int(record["page_size"])
-    bins = record["row_hist"][row].nonzero()[0]
+    hist = record["row_hist"][row]
     pages: dict[int, DocPage] = {}
-    for b in bins.tolist():
+    for b in hist.nonzero()[0].tolist():
         for page in prompt.pages_in_tokens(b * tokens_per_bin, (b + 1) * tokens_per_bin):
             pages[page.number] = page
+    read = tuple(pages[n] for n in sorted(pages))
+    index = {page.number: i for i, page in enumerate(prompt.pages)}
     return StepReading(
         int(record["row_seq_len"][row]),
         int(record["row_pages_read"][row]),
         int(record["row_pages_total"][row]),
-        tuple(pages[n] for n in sorted(pages)),
+        read,
+        tuple(_page_share(record, hist, prompt, index[page.number]) for page in read),
     )
+
+
+def _page_share(record: dict[str, Any], hist: Any, prompt: Prompt, index: int) -> float:
+    """Share of the (KV page, layer, KV head) slots of ``prompt.pages[index]`` that ``hist`` (one row's bins) read."""
+    tokens_per_bin = int(record["pages_per_bin"]) * int(record["page_size"])
+    start = prompt.page_token_starts[index]
+    end = prompt.page_token_starts[index + 1] if index + 1 < len(prompt.pages) else prompt.document_token_range[1]
+    bins = hist[start // tokens_per_bin : max(start, end - 1) // tokens_per_bin + 1]
+    pairs = int(record.get("num_layers", 0)) * int(record.get("num_kv_heads", 0)) or int(hist.max()) or 1
+    return min(1.0, float(bins.sum()) / (len(bins) * int(record["pages_per_bin"]) * pairs))
 
 
 @dataclass

@@ -1,0 +1,37 @@
+"""The ``chat`` command's body (``locks-chat book.pdf``): settings, the app, the engine's log (kept apart from
+the Typer wiring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from locks_chat.errors import DocumentError, LocksChatError
+
+
+def run_chat(
+    doc: Path, pages: str | None, password: str | None, model: str | None, budget: int | None, rank: int | None,
+    dense: bool | None, max_tokens: int | None, context: int | None, new: bool,
+) -> None:
+    """Open the TUI on ``doc``; options given override the settings file for this run.
+
+    Raises:
+        LocksChatError: a missing document or a setting LOCKS refuses (before the screen opens).
+    """
+    from locks_chat.settings import data_dir, load_settings
+    from locks_chat.tui.app import build_app
+    from locks_chat.tui.book_chat import ChatOptions
+    from locks_chat.tui.terminal import engine_output_to
+
+    if not doc.is_file():
+        raise DocumentError(f"{doc}: no such file; check the path")
+    settings, warnings = load_settings()
+    settings = settings.with_overrides(
+        model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context
+    )
+    settings.locks_config()
+    options = ChatOptions(settings=settings, pages=pages, password=password, new_session=new)
+    with engine_output_to(data_dir() / "logs" / "engine.log"):
+        app = build_app(doc, options, warnings=tuple(warnings))
+        app.run()
+    if app.return_code:
+        raise LocksChatError(f"the app stopped with an error (exit code {app.return_code})")

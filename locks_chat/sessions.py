@@ -1,0 +1,188 @@
+"""Conversations kept in SQLite, one session per book: resume, list, delete.
+
+A session is keyed by the document's resolved path and the SHA-256 of its bytes, so an edited file starts a new
+conversation and a moved one does not find the old one. A turn is written when it starts (status ``answering``),
+its partial answer is saved as it streams, and its end state is written when it ends (``done``, ``cancelled``,
+``failed``); a turn still marked ``answering`` when the app starts again was cut off by a crash and reads as
+``interrupted``. Every write is its own committed transaction (WAL journal), so nothing finished is lost.
+Each call opens its own connection: the store is safe to use from worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from locks_chat.settings import data_dir
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY,
+    doc_path TEXT NOT NULL,
+    doc_hash TEXT NOT NULL,
+    title TEXT NOT NULL,
+    pages TEXT,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_doc ON sessions (doc_path, doc_hash);
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    question TEXT NOT NULL,
+    answer TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    citations TEXT NOT NULL DEFAULT '[]',
+    stats TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+"""
+STATUSES = ("answering", "done", "cancelled", "failed")
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: int
+    doc_path: str
+    doc_hash: str
+    title: str
+    pages: str | None
+    """the ``--pages`` selection last used, ``None`` for the whole document"""
+    updated: float
+    """seconds since the epoch of the last write"""
+    turns: int = 0
+
+
+@dataclass(frozen=True)
+class Turn:
+    id: int
+    question: str
+    answer: str
+    status: str
+    """``done``, ``cancelled``, ``failed``, or ``interrupted`` (cut off by a crash)"""
+    citations: list[dict[str, Any]]
+    stats: dict[str, Any]
+
+
+def file_hash(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class SessionStore:
+    """The sessions database (``sessions.sqlite`` in the user data directory unless ``path`` is given)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else data_dir() / "sessions.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._db() as db:
+            db.executescript(SCHEMA)
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def open_session(
+        self, doc_path: str, doc_hash: str, title: str, pages: str | None, new: bool = False
+    ) -> SessionInfo:
+        """The latest session of this document (path and content), or a new one when there is none or ``new``."""
+        doc_path = str(Path(doc_path).resolve())
+        if not new:
+            with self._db() as db:
+                row = db.execute(
+                    "SELECT id FROM sessions WHERE doc_path = ? AND doc_hash = ? "
+                    "ORDER BY updated DESC, id DESC LIMIT 1",
+                    (doc_path, doc_hash),
+                ).fetchone()
+            if row is not None:
+                return self.get(row[0])
+        now = time.time()
+        with self._db() as db:
+            cur = db.execute(
+                "INSERT INTO sessions (doc_path, doc_hash, title, pages, created, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (doc_path, doc_hash, title, pages, now, now),
+            )
+            session_id = cur.lastrowid
+        return self.get(session_id)
+
+    def get(self, session_id: int) -> SessionInfo | None:
+        rows = self._sessions("WHERE s.id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every session, most recently updated first."""
+        return self._sessions("", ())
+
+    def _sessions(self, where: str, args: tuple) -> list[SessionInfo]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT s.id, s.doc_path, s.doc_hash, s.title, s.pages, s.updated, COUNT(t.id) FROM sessions s "
+                f"LEFT JOIN turns t ON t.session_id = s.id {where} GROUP BY s.id ORDER BY s.updated DESC, s.id DESC",
+                args,
+            ).fetchall()
+        return [SessionInfo(*row) for row in rows]
+
+    def set_pages(self, session_id: int, pages: str | None) -> None:
+        with self._db() as db:
+            db.execute("UPDATE sessions SET pages = ?, updated = ? WHERE id = ?", (pages, time.time(), session_id))
+
+    def delete(self, session_id: int) -> bool:
+        """Delete a session and its turns; False when there was no such session."""
+        with self._db() as db:
+            return db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
+
+    def turns(self, session_id: int) -> list[Turn]:
+        """The session's turns in order; a turn left ``answering`` reads as ``interrupted``."""
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT id, question, answer, status, citations, stats FROM turns WHERE session_id = ? ORDER BY id",
+                (session_id,),
+            ).fetchall()
+        return [
+            Turn(i, q, a, "interrupted" if s == "answering" else s, json.loads(c), json.loads(st))
+            for i, q, a, s, c, st in rows
+        ]
+
+    def begin_turn(self, session_id: int, question: str) -> int:
+        """Record a question before it is answered; returns the turn id."""
+        now = time.time()
+        with self._db() as db:
+            cur = db.execute(
+                "INSERT INTO turns (session_id, question, status, created, updated) VALUES (?, ?, 'answering', ?, ?)",
+                (session_id, question, now, now),
+            )
+            db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (now, session_id))
+            return cur.lastrowid
+
+    def save_turn(
+        self, turn_id: int, answer: str, status: str = "answering",
+        citations: list[dict[str, Any]] | None = None, stats: dict[str, Any] | None = None,
+    ) -> None:
+        """Save a turn's answer so far (``answering``) or its end state."""
+        assert status in STATUSES, status
+        with self._db() as db:
+            db.execute(
+                "UPDATE turns SET answer = ?, status = ?, citations = ?, stats = ?, updated = ? WHERE id = ?",
+                (answer, status, json.dumps(citations or []), json.dumps(stats or {}, default=str),
+                 time.time(), turn_id),
+            )

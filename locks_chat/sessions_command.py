@@ -1,0 +1,56 @@
+"""``locks-chat sessions list|show|delete``: the saved conversations, outside the app."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from locks_chat.errors import LocksChatError
+from locks_chat.sessions import SessionInfo, SessionStore
+from locks_chat.transcript import render_transcript
+
+
+def _get(store: SessionStore, session_id: int) -> SessionInfo:
+    session = store.get(session_id)
+    if session is None:
+        raise LocksChatError(f"no session {session_id}: see locks-chat sessions list")
+    return session
+
+
+def list_sessions(json_out: bool, console: Console) -> None:
+    """Print every session, newest first (a table, or JSON for scripts)."""
+    sessions = SessionStore().list_sessions()
+    if json_out:
+        print(json.dumps([s.__dict__ for s in sessions], indent=2))
+        return
+    if not sessions:
+        console.print("no sessions yet: open a book with locks-chat book.pdf")
+        return
+    table = Table("id", "title", "pages", "turns", "updated", "document", box=None, header_style="bold")
+    for s in sessions:
+        updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
+        table.add_row(str(s.id), s.title, s.pages or "all", str(s.turns), updated, s.doc_path)
+    console.print(table)
+
+
+def show_session(session_id: int) -> None:
+    """Print a session's transcript as Markdown."""
+    store = SessionStore()
+    print(render_transcript(_get(store, session_id), store.turns(session_id)), end="")
+
+
+def delete_sessions(session_ids: list[int], console: Console) -> None:
+    """Delete sessions and their turns.
+
+    Raises:
+        LocksChatError: an id that names no session (nothing is deleted then).
+    """
+    store = SessionStore()
+    for session_id in session_ids:
+        _get(store, session_id)
+    for session_id in session_ids:
+        store.delete(session_id)
+        console.print(f"deleted session {session_id}")

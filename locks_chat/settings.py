@@ -1,0 +1,122 @@
+"""User settings (a TOML file in the user config directory) and the user directories.
+
+``$LOCKS_CHAT_HOME`` overrides the base of every directory (tests point it at ``tmp_path``): settings then live in
+``$LOCKS_CHAT_HOME/config/settings.toml`` and data (sessions, exports) in ``$LOCKS_CHAT_HOME/data``; otherwise
+the platform's directories (``platformdirs``) are used. A missing or unreadable settings file gives the
+defaults (with a warning for an unreadable one); the file is rewritten whole, atomically, on every change.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from locks_chat.errors import LocksChatError
+
+APP_NAME = "locks-chat"
+HOME_ENV = "LOCKS_CHAT_HOME"
+"""environment variable that overrides the base of the user directories"""
+
+
+def config_dir() -> Path:
+    """Where ``settings.toml`` lives."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / "config"
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir(APP_NAME))
+
+
+def data_dir() -> Path:
+    """Where sessions (``sessions.sqlite``) and exported transcripts live."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / "data"
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir(APP_NAME))
+
+
+def settings_path() -> Path:
+    return config_dir() / "settings.toml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the chat remembers between runs; command-line options override it for one run."""
+
+    model: str | None = None
+    """``--model``: a Hugging Face directory or hub id; ``None``: the built-in model."""
+    budget: int = 2048
+    """LOCKS token budget per decode step and KV head (``/budget N``)."""
+    rank: int = 8
+    """Rank r of each KV page's key summary (``/rank r``)."""
+    dense: bool = False
+    """Read every KV page, for A/B comparisons (``/dense``)."""
+    max_tokens: int = 512
+    """Most tokens in one answer."""
+    context: int | None = None
+    """Context length in tokens; ``None``: the model's."""
+
+    def locks_config(self) -> Any:
+        """The engine's ``LocksConfig`` for these settings.
+
+        Raises:
+            LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting).
+        """
+        from locks_engine.config import LocksConfig
+
+        try:
+            return LocksConfig(budget=self.budget, rank=self.rank, dense=self.dense)
+        except ValueError as err:
+            raise LocksChatError(str(err).replace("LocksConfig.", "")) from err
+
+    def with_overrides(self, **values: Any) -> "Settings":
+        """A copy with the values that are not ``None`` replaced (command-line options)."""
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
+    """Read the settings file; returns the settings and warnings (one line each) about what was ignored."""
+    path = path or settings_path()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Settings(), []
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        return Settings(), [f"{path}: unreadable ({err}); using the defaults"]
+    known = {f.name: f for f in fields(Settings)}
+    values, warnings = {}, []
+    for key, value in data.items():
+        if key not in known:
+            warnings.append(f"{path}: unknown setting {key!r} ignored")
+        elif not _type_ok(key, value):
+            warnings.append(f"{path}: {key} = {value!r} has the wrong type; using the default")
+        else:
+            values[key] = value
+    return Settings(**values), warnings
+
+
+def _type_ok(key: str, value: Any) -> bool:
+    if key == "dense":
+        return isinstance(value, bool)
+    if key == "model":
+        return isinstance(value, str)
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> Path:
+    """Write the settings file atomically (unset values are left out); returns its path."""
+    import tomli_w
+
+    path = path or settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {k: v for k, v in asdict(settings).items() if v is not None}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(tomli_w.dumps(values), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,1 @@
+"""The Textual app: ``locks-chat book.pdf``. Importing this package starts nothing (no engine, no vLLM)."""

@@ -1,0 +1,228 @@
+"""The work behind the chat screen, without any UI: a book, its engine and its session.
+
+Every method that blocks (loading, engine start, answering) is called from a worker thread; the screen hands
+in callbacks that post messages. Answers go through :func:`locks_chat.ask.ask`; each turn is written to the
+session store when it starts, saved as it streams and finished when it ends (``locks_chat.sessions``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from locks_chat.errors import Cancelled, ContextError, EngineError
+from locks_chat.ingest import Document, ProgressCallback, load_document
+from locks_chat.sessions import SessionInfo, SessionStore, Turn, file_hash
+from locks_chat.settings import Settings, load_settings, save_settings
+from locks_chat.transcript import export_transcript
+from locks_chat.tui.meter import EngineTick, MeteredEngine
+from locks_chat.tui.timings import load_timings, save_timings
+
+EngineFactory = Callable[[str | None, Any, int | None], Any]
+"""``open_engine(model, locks_config, max_model_len) -> ChatEngine``"""
+
+HISTORY_TURNS = 4
+"""earlier answered turns put back in the prompt (fewer when they do not fit the context)"""
+SAVE_EVERY_S = 1.0
+"""how often a streaming answer is saved to the session store (seconds)"""
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """What the command line gives the app: settings after overrides, and the document's options."""
+
+    settings: Settings = field(default_factory=Settings)
+    pages: str | None = None
+    """``--pages`` selection; ``None``: the pages the resumed session used, else every page"""
+    password: str | None = None
+    new_session: bool = False
+    """start a new conversation instead of resuming the book's latest one"""
+
+
+def default_engine_factory(model: str | None, locks: Any, max_model_len: int | None) -> Any:
+    """:func:`locks_chat.engine.open_engine`, looked up when called (so tests can replace it)."""
+    from locks_chat import engine
+
+    return engine.open_engine(model, locks, max_model_len)
+
+
+class BookChat:
+    """One book's chat: document, engine, session and the turns so far."""
+
+    def __init__(
+        self, path: str | Path, options: ChatOptions, engine_factory: EngineFactory | None = None,
+        store: SessionStore | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.options = options
+        self.settings = options.settings
+        self.pages = options.pages
+        self.engine_factory = engine_factory or default_engine_factory
+        self.store = store or SessionStore()
+        self.document: Document | None = None
+        self.engine: Any = None
+        self.session: SessionInfo | None = None
+        self.turns: list[Turn] = []
+        self.timings = load_timings()
+        """how long the engine start and the prefill took last time, for ETAs"""
+        self._engine_lock = threading.Lock()
+        self._answering = threading.Lock()
+        self._closed = False
+
+    def open_session(self) -> list[Turn]:
+        """Find (or start) the book's session and load its turns; the session's page range applies unless
+        ``--pages`` was given.
+
+        Raises:
+            DocumentError: the file cannot be read.
+        """
+        from locks_chat.errors import DocumentError
+
+        try:
+            digest = file_hash(self.path)
+        except OSError as err:
+            raise DocumentError(f"{self.path}: cannot read ({err.strerror}); check the path") from None
+        title = self.path.stem
+        self.session = self.store.open_session(str(self.path), digest, title, self.pages, self.options.new_session)
+        if self.pages is None:
+            self.pages = self.session.pages
+        self.turns = self.store.turns(self.session.id)
+        return self.turns
+
+    def load(self, pages: str | None, progress: ProgressCallback | None = None) -> Document:
+        """Load the document with ``pages`` (``None``: every page) and remember the range in the session.
+
+        Raises:
+            DocumentError, EncryptedError, NoTextError, PageRangeError: see ``load_document``.
+        """
+        document = load_document(self.path, password=self.options.password, pages=pages, progress=progress)
+        self.document, self.pages = document, pages
+        if self.session is not None:
+            self.store.set_pages(self.session.id, pages)
+        return document
+
+    def start_engine(self, settings: Settings | None = None) -> float:
+        """(Re)start the engine with ``settings`` (default: the current ones); returns the seconds it took.
+
+        Raises:
+            LocksChatError: a setting LOCKS refuses. EngineError: the engine did not start.
+        """
+        settings = settings or self.settings
+        locks = settings.locks_config()
+        with self._engine_lock:
+            old, self.engine = self.engine, None
+            if old is not None:
+                old.close()
+            start = time.monotonic()
+            engine = self.engine_factory(settings.model, locks, settings.context)
+            if self._closed:
+                engine.close()
+                raise EngineError("the app closed while the engine was starting")
+            self.engine, self.settings = engine, settings
+            self.timings.engine_start_s = time.monotonic() - start
+            save_timings(self.timings)
+            return self.timings.engine_start_s
+
+    def persist(self, **values: Any) -> None:
+        """Save ``values`` in the settings file, leaving the file's other settings as they are (command-line
+        overrides of this run are not saved)."""
+        saved, _ = load_settings()
+        save_settings(replace(saved, **values))
+
+    def model_name(self) -> str:
+        """The model in use, for the status line: ``SmolLM2-135M-Instruct (built-in)`` or the ``--model`` value."""
+        model = self.settings.model
+        return "SmolLM2-135M-Instruct (built-in)" if model in (None, "builtin") else Path(model).name or model
+
+    def mode(self) -> str:
+        """The attention setting answers are made with: ``LOCKS budget 2048, rank 8`` or ``dense``."""
+        return "dense" if self.settings.dense else f"LOCKS budget {self.settings.budget}, rank {self.settings.rank}"
+
+    def answer(
+        self, question: str, cancel: threading.Event, on_text: Callable[[str], None],
+        on_step: Callable[[Any], None], on_tick: Callable[[EngineTick], None],
+    ) -> Any:
+        """Answer ``question`` with the earlier turns as context; the turn is saved whatever happens.
+
+        Raises:
+            Cancelled: ``cancel`` was set (the partial answer is saved as ``cancelled``). ContextError: the
+            document does not fit. EngineError: no engine, or it failed.
+        """
+        assert self.session is not None and self.document is not None, "open_session and load first"
+        if self.engine is None:
+            raise EngineError("the engine is not running: change a setting (e.g. /budget) to start it again")
+        turn_id = self.store.begin_turn(self.session.id, question)
+        parts: list[str] = []
+        saved = [time.monotonic()]
+
+        def text(delta: str) -> None:
+            parts.append(delta)
+            on_text(delta)
+            if time.monotonic() - saved[0] > SAVE_EVERY_S:
+                self.store.save_turn(turn_id, "".join(parts))
+                saved[0] = time.monotonic()
+
+        self._answering.acquire()
+        try:
+            result = self._ask(MeteredEngine(self.engine, on_tick), question, text, on_step, cancel)
+        except Cancelled:
+            self._finish(turn_id, question, "".join(parts), "cancelled")
+            raise
+        except BaseException:
+            self._finish(turn_id, question, "".join(parts), "failed")
+            raise
+        finally:
+            self._answering.release()
+        stats = {**result.to_json(self.document)["stats"], "mode": self.mode()}
+        if result.ttft_ms and result.reading.prefill_tokens:
+            self.timings.prefill_tokens_per_s = result.reading.prefill_tokens / (result.ttft_ms / 1000)
+            save_timings(self.timings)
+        self._finish(turn_id, question, result.answer, "done", result.citations, stats)
+        return result
+
+    def _ask(self, engine: MeteredEngine, question: str, on_text, on_step, cancel: threading.Event) -> Any:
+        """:func:`locks_chat.ask.ask` with the latest answered turns as history, dropping the oldest ones
+        while the prompt does not fit the context."""
+        from locks_chat.ask import ask
+
+        history = [t for t in self.turns if t.status == "done"][-HISTORY_TURNS:]
+        while True:
+            questions = [t.question for t in history] + [question]
+            try:
+                return ask(engine, self.document, questions, [t.answer for t in history],
+                           self.settings.max_tokens, on_text, on_step, cancel)
+            except ContextError:
+                if not history:
+                    raise
+                history = history[1:]
+
+    def _finish(self, turn_id: int, question: str, answer: str, status: str,
+                citations: list | None = None, stats: dict | None = None) -> None:
+        if citations is None:
+            from locks_chat.citations import find_citations
+
+            citations = find_citations(answer, self.document)
+        self.store.save_turn(turn_id, answer, status, citations, stats)
+        self.turns.append(Turn(turn_id, question, answer, status, citations, stats or {}))
+
+    def export(self) -> Path:
+        """Write the conversation as Markdown into the user data directory; returns the file."""
+        assert self.session is not None
+        return export_transcript(self.store.get(self.session.id), self.store.turns(self.session.id))
+
+    def close(self, wait_s: float = 30.0) -> None:
+        """Shut the engine down (called when the app exits); an engine still starting closes when it is up.
+
+        An answer in flight (its cancel event already set) gets ``wait_s`` seconds to stop and be saved first:
+        the engine checks cancellation between steps, and a prefill chunk can take several seconds.
+        """
+        self._closed = True
+        if self._answering.acquire(timeout=wait_s):
+            self._answering.release()
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()

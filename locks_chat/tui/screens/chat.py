@@ -1,0 +1,295 @@
+"""The chat screen: the conversation and the prompt on the left, the live LOCKS panels on the right.
+
+Loading, engine starts and answers run in thread workers (``@work(thread=True, exclusive=True)``); they talk to
+the screen only through the messages below. While an answer streams the prompt is locked; Esc or Ctrl+C sets
+the answer's cancel event, which the engine checks between steps (prefill chunks included) and aborts the
+request. Any failure is a notification, and the prompt comes back.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
+
+from locks_chat.errors import Cancelled, LocksChatError, exception_reason
+from locks_chat.ingest import Document
+from locks_chat.reading import StepReading
+from locks_chat.settings import Settings
+from locks_chat.transcript import turn_stats_text
+from locks_chat.tui.book_chat import BookChat
+from locks_chat.tui.commands import is_command, parse_command
+from locks_chat.tui.meter import EngineTick
+from locks_chat.tui.screens.chat_commands import ChatCommands
+from locks_chat.tui.screens.help import HelpScreen
+from locks_chat.tui.widgets.conversation import Conversation
+from locks_chat.tui.widgets.prompt_input import PromptInput
+from locks_chat.tui.widgets.reading_panels import ReadingPanels
+from locks_chat.tui.widgets.turn_view import TurnView
+
+
+class ChatScreen(Screen):
+    """Chat with one book."""
+
+    BINDINGS = [
+        Binding("escape", "stop", "Stop answer", priority=True),
+        Binding("ctrl+c", "stop", "Stop answer", show=False, priority=True),
+        Binding("f1", "help", "Help"),
+    ]
+    DEFAULT_CSS = """
+    #chat-column { width: 1fr; }
+    #prompt { margin: 0 1; }
+    """
+
+    @dataclass
+    class Resumed(Message):
+        turns: list
+
+    @dataclass
+    class LoadProgress(Message):
+        done: int
+        total: int
+
+    @dataclass
+    class Loaded(Message):
+        document: Document
+
+    @dataclass
+    class EngineReady(Message):
+        settings: Settings
+        seconds: float
+
+    @dataclass
+    class Failed(Message):
+        phase: str
+        """``load`` or ``engine``"""
+        message: str
+
+    @dataclass
+    class Delta(Message):
+        text: str
+
+    @dataclass
+    class Step(Message):
+        reading: StepReading
+
+    @dataclass
+    class Ticked(Message):
+        tick: EngineTick
+
+    @dataclass
+    class Answered(Message):
+        question: str
+        status: str
+        """``done``, ``cancelled`` or ``failed``"""
+        error: str = ""
+
+    def __init__(self, chat: BookChat) -> None:
+        super().__init__()
+        self.chat = chat
+        self.doc_loading = threading.Event()
+        self.engine_starting = threading.Event()
+        self.cancel: threading.Event | None = None
+        self.turn: TurnView | None = None
+        self.turns_before = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            with Vertical(id="chat-column"):
+                yield Conversation(id="conversation")
+                yield PromptInput(id="prompt", placeholder="Ask about the book, or /help")
+            yield ReadingPanels(id="panels")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.app.sub_title = self.chat.path.name
+        self.panels.set_settings(self.chat.settings)
+        self.query_one(PromptInput).focus()
+        self.load(self.chat.options.pages, first=True)
+        self.start_engine(self.chat.settings, None)
+
+    def on_unmount(self) -> None:
+        """Leaving the app mid-answer stops the answer; the worker saves it as cancelled."""
+        if self.cancel is not None:
+            self.cancel.set()
+
+    @property
+    def panels(self) -> ReadingPanels:
+        return self.query_one(ReadingPanels)
+
+    @property
+    def answering(self) -> bool:
+        return self.cancel is not None
+
+    def load(self, pages: str | None, first: bool = False) -> None:
+        self.doc_loading.set()
+        self.panels.progress.begin("load", f"Reading {self.chat.path.name}", unit="pages")
+        self._load(pages, first)
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self, pages: str | None, first: bool) -> None:
+        try:
+            if first:
+                self.post_message(self.Resumed(self.chat.open_session()))
+                pages = self.chat.pages
+            progress = lambda done, total: self.post_message(self.LoadProgress(done, total))  # noqa: E731
+            message: Message = self.Loaded(self.chat.load(pages, progress))
+        except Exception as err:  # noqa: BLE001 - shown to the user, the app goes on
+            message = self.Failed("load", _message(err))
+        self.doc_loading.clear()
+        self.post_message(message)
+
+    def start_engine(self, settings: Settings, note: str | None) -> None:
+        self.engine_starting.set()
+        expected = self.chat.timings.engine_start_s
+        self.panels.progress.begin("engine", note or "Starting the engine (vLLM + LOCKS)", expected_s=expected)
+        self._start_engine(settings, note is not None)
+
+    @work(thread=True, exclusive=True, group="engine")
+    def _start_engine(self, settings: Settings, persist: bool) -> None:
+        try:
+            seconds = self.chat.start_engine(settings)
+            if persist:
+                self.chat.persist(budget=settings.budget, rank=settings.rank, dense=settings.dense)
+            message: Message = self.EngineReady(settings, seconds)
+        except Exception as err:  # noqa: BLE001
+            message = self.Failed("engine", _message(err))
+        self.engine_starting.clear()
+        self.post_message(message)
+
+    @work(thread=True, exclusive=True, group="answer")
+    def _answer(self, question: str, cancel: threading.Event) -> None:
+        try:
+            while self.doc_loading.is_set() or self.engine_starting.is_set():
+                if cancel.wait(0.1):
+                    raise Cancelled("cancelled before the engine was ready")
+            if self.chat.document is None:
+                raise LocksChatError("no document is loaded: pick pages with /pages A-B")
+            post = self.post_message
+            self.chat.answer(question, cancel, lambda t: post(self.Delta(t)), lambda r: post(self.Step(r)),
+                             lambda k: post(self.Ticked(k)))
+            post(self.Answered(question, "done"))
+        except Cancelled:
+            self.post_message(self.Answered(question, "cancelled"))
+        except Exception as err:  # noqa: BLE001
+            self.post_message(self.Answered(question, "failed", _message(err)))
+
+    @on(Input.Submitted, "#prompt")
+    async def submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        prompt = self.query_one(PromptInput)
+        if not text or self.answering:
+            return
+        prompt.remember(text)
+        prompt.value = ""
+        if is_command(text):
+            try:
+                await ChatCommands(self).run(parse_command(text))
+            except LocksChatError as err:
+                self.notify(err.message, severity="error")
+            return
+        await self.ask(text)
+
+    async def ask(self, question: str) -> None:
+        """Send a question to the engine; the prompt stays locked until the answer ends."""
+        self.cancel = threading.Event()
+        self.turns_before = len(self.chat.turns)
+        self.query_one(PromptInput).disabled = True
+        self.turn = await self.query_one(Conversation).add_turn(question)
+        self.panels.new_answer()
+        if self.doc_loading.is_set() or self.engine_starting.is_set():
+            self.panels.progress.begin("answer", "Waiting for the engine; Esc cancels")
+        self._answer(question, self.cancel)
+
+    def action_stop(self) -> None:
+        """Esc / Ctrl+C: stop the answer in flight (the engine aborts the request); otherwise Ctrl+C copies."""
+        if self.cancel is not None:
+            self.cancel.set()
+            self.panels.progress.begin("answer", "Stopping the answer")
+        elif self.query_one(PromptInput).selected_text:
+            self.query_one(PromptInput).action_copy()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
+    async def on_chat_screen_resumed(self, message: Resumed) -> None:
+        await self.query_one(Conversation).show_turns(message.turns)
+        self.query_one(PromptInput).set_history([t.question for t in message.turns])
+        if message.turns:
+            self.notify(f"Resumed this book's conversation ({len(message.turns)} turns)")
+
+    def on_chat_screen_load_progress(self, message: LoadProgress) -> None:
+        self.panels.progress.advance("load", message.done, message.total)
+
+    def on_chat_screen_loaded(self, message: Loaded) -> None:
+        self.panels.progress.end("load")
+        document = message.document
+        self.panels.set_document(document)
+        pages = f", pages {self.chat.pages}" if self.chat.pages else ""
+        self.app.sub_title = f"{self.chat.path.name}{pages} ({len(document.pages)} pages)"
+        for warning in document.warnings[:3]:
+            self.notify(warning, severity="warning")
+        self._ready_or_waiting()
+
+    def on_chat_screen_engine_ready(self, message: EngineReady) -> None:
+        self.panels.progress.end("engine")
+        self.notify(f"Engine ready in {message.seconds:.0f} s: {self.chat.mode()}")
+        self.panels.set_settings(message.settings, getattr(self.chat.engine, "max_context", None))
+        self._ready_or_waiting()
+
+    def on_chat_screen_failed(self, message: Failed) -> None:
+        self.panels.progress.end(message.phase)
+        self.notify(message.message, severity="error", timeout=15)
+        self._ready_or_waiting()
+
+    def _ready_or_waiting(self) -> None:
+        progress = self.panels.progress
+        if self.doc_loading.is_set() or self.engine_starting.is_set() or self.answering:
+            return
+        if self.chat.engine is not None and self.chat.document is not None:
+            progress.finish(f"Ready: {self.chat.model_name()}\n{self.chat.mode()}")
+        else:
+            progress.finish("Not ready (see the error)")
+
+    async def on_chat_screen_delta(self, message: Delta) -> None:
+        if self.turn is not None:
+            await self.turn.write(message.text)
+            self.query_one(Conversation).follow()
+
+    def on_chat_screen_step(self, message: Step) -> None:
+        self.panels.show_step(message.reading)
+
+    def on_chat_screen_ticked(self, message: Ticked) -> None:
+        self.panels.show_tick(message.tick, self.chat.settings.max_tokens, self.chat.timings.prefill_tokens_per_s)
+
+    async def on_chat_screen_answered(self, message: Answered) -> None:
+        saved = self.chat.turns[-1] if len(self.chat.turns) > self.turns_before else None
+        citations, stats = (saved.citations, saved.stats) if saved is not None else ([], {})
+        if self.turn is not None:
+            await self.turn.finish(message.status, citations, turn_stats_text(stats))
+        self.cancel, self.turn = None, None
+        self.panels.progress.end("answer")
+        prompt = self.query_one(PromptInput)
+        prompt.disabled = False
+        prompt.focus()
+        if message.status == "failed":
+            self.notify(message.error, severity="error", timeout=15)
+            if not prompt.value:
+                prompt.value = message.question
+                prompt.cursor_position = len(prompt.value)
+        elif message.status == "cancelled":
+            self.notify("Answer stopped; the partial answer is kept, marked as cancelled")
+        self._ready_or_waiting()
+
+
+def _message(err: BaseException) -> str:
+    """One line for a notification: a user-fixable error's own message, else the exception squeezed."""
+    return err.message if isinstance(err, LocksChatError) else f"{type(err).__name__}: {exception_reason(err)}"

@@ -1,0 +1,67 @@
+"""The LOCKS budget and what one decode step read against it: tokens and KV pages per head, document pages."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+from locks_chat.reading import StepReading
+from locks_chat.settings import Settings
+
+PAGE_SIZE = 16
+"""B: tokens per KV page (``LocksConfig.page_size``; the chat does not change it)"""
+
+
+class BudgetPanel(Static):
+    """Budget and rank in use, and the latest step's reading against the total."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self.settings = Settings()
+        self.reading: StepReading | None = None
+        self.doc_pages_total = 0
+        self.max_context: int | None = None
+        self._read = self._total = 0
+
+    def set_settings(self, settings: Settings, max_context: int | None = None) -> None:
+        self.settings, self.max_context = settings, max_context or self.max_context
+        self._show()
+
+    def set_document_pages(self, pages: int) -> None:
+        self.doc_pages_total = pages
+        self._show()
+
+    def new_answer(self) -> None:
+        self.reading, self._read, self._total = None, 0, 0
+        self._show()
+
+    def show_step(self, reading: StepReading) -> None:
+        """Show one decode step's reading (and add it to the answer's total)."""
+        self.reading = reading
+        self._read += reading.pages_read
+        self._total += reading.pages_total
+        self._show()
+
+    def _show(self) -> None:
+        s = self.settings
+        if s.dense:
+            lines = ["[b]dense[/]: every KV page read (A/B against LOCKS)"]
+        else:
+            pages = s.budget // PAGE_SIZE
+            lines = [f"[b]LOCKS[/] budget [b]{s.budget:,}[/] tokens ({pages} KV pages) per head, rank [b]{s.rank}[/]"]
+        r = self.reading
+        if r is None:
+            lines.append("no decode step yet")
+        else:
+            kv_pages = -(-r.seq_len // PAGE_SIZE)
+            pairs = max(1, r.pages_total // max(1, kv_pages))
+            per_head = r.pages_read / pairs
+            lines.append(
+                f"read [b]{per_head * PAGE_SIZE:,.0f}[/] of {r.seq_len:,} tokens per head "
+                f"({per_head:,.0f} of {kv_pages:,} KV pages, {r.pages_read / max(1, r.pages_total):.0%})"
+            )
+            lines.append(f"document pages read: [b]{len(r.doc_pages)}[/] of {self.doc_pages_total}")
+            lines.append(f"this answer: {self._read / max(1, self._total):.0%} of KV pages read")
+        if self.max_context:
+            used = f"{r.seq_len:,}" if r is not None else "-"
+            lines.append(f"context {used} of {self.max_context:,} tokens")
+        self.update("\n".join(lines))

@@ -1,0 +1,62 @@
+"""One question and its answer: the answer streams in as Markdown, then a footer gives citations and numbers."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from locks_chat.transcript import citation_text
+
+_STATUS = {
+    "cancelled": "[b $warning]cancelled[/]: the answer stops here",
+    "failed": "[b $error]failed[/]",
+    "interrupted": "[b $warning]interrupted[/]: the app stopped during this answer",
+}
+
+
+class TurnView(Vertical):
+    """A turn of the conversation.
+
+    Args:
+        question (str): what the user asked.
+        answer (str): the answer so far (a resumed turn's whole answer).
+    """
+
+    DEFAULT_CSS = """
+    TurnView { height: auto; margin: 0 0 1 0; }
+    TurnView > .question { color: $text-accent; text-style: bold; padding: 0 1; }
+    TurnView > Markdown { margin: 0; padding: 0 1; background: transparent; }
+    TurnView > .footer { color: $text-muted; padding: 0 1; }
+    """
+
+    def __init__(self, question: str, answer: str = "", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.question = question
+        self.answer = answer
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"> {self.question}", classes="question", markup=False)
+        yield Markdown(self.answer)
+        yield Static("", classes="footer")
+
+    async def write(self, delta: str) -> None:
+        """Append a piece of the answer as it streams."""
+        self.answer += delta
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        await self._stream.write(delta)
+
+    async def finish(self, status: str, citations: list[dict], stats_line: str = "") -> None:
+        """End the stream and show the turn's footer: its status, cited pages and statistics."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        parts = [_STATUS[status]] if status in _STATUS else []
+        if citations:
+            parts.append(f"cited: [b]{citation_text(citations)}[/]")
+        if stats_line:
+            parts.append(stats_line)
+        self.query_one(".footer", Static).update(" · ".join(parts))

@@ -1,0 +1,84 @@
+"""The work behind the chat screen, without the UI: history that does not fit, no engine, closing mid-answer."""
+
+import threading
+
+import pytest
+
+from locks_chat.errors import Cancelled, EngineError
+from locks_chat.sessions import SessionStore
+from locks_chat.settings import Settings
+from locks_chat.tui.book_chat import BookChat, ChatOptions
+from tests.fakes import FakeEngine
+from tests.tui_support import Factory, GatedEngine, write_book
+
+
+def opened(tmp_path, engine, **settings) -> BookChat:
+    chat = BookChat(write_book(tmp_path), ChatOptions(settings=Settings(**settings)), Factory(engine))
+    chat.open_session()
+    chat.load(None)
+    chat.start_engine()
+    return chat
+
+
+def ask(chat: BookChat, question: str, cancel: threading.Event | None = None):
+    ignore = lambda *_: None  # noqa: E731
+    return chat.answer(question, cancel or threading.Event(), ignore, ignore, ignore)
+
+
+def test_earlier_turns_that_do_not_fit_are_left_out_oldest_first(tmp_path):
+    engine = FakeEngine(answer=" ".join(["word"] * 150))
+    chat = opened(tmp_path, engine, max_tokens=160)
+    ask(chat, "First?")
+    alone = len(engine.prompts[-1])
+    engine.max_context = alone + 700  # room for one earlier turn (~300 tokens) and the answer, not two
+    ask(chat, "Second?")
+    with_one = len(engine.prompts[-1])
+    assert with_one > alone + 150, "the first turn went back in as history"
+    ask(chat, "Third?")
+    assert len(engine.prompts[-1]) < with_one + 160, "the oldest turn was dropped to fit"
+    assert [t.status for t in chat.turns] == ["done"] * 3
+
+
+def test_no_engine_is_an_engine_error_and_no_turn(tmp_path):
+    chat = opened(tmp_path, FakeEngine())
+    chat.close()
+    with pytest.raises(EngineError, match="not running"):
+        ask(chat, "Anyone?")
+    assert SessionStore().turns(chat.session.id) == []
+
+
+def test_close_lets_a_cancelled_answer_be_saved_before_the_engine_goes(tmp_path):
+    engine = GatedEngine(answer="one two three")
+    chat = opened(tmp_path, engine)
+    cancel = threading.Event()
+    errors = []
+
+    def run():
+        try:
+            ask(chat, "Count?", cancel)
+        except Cancelled as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    engine.release(1)
+    assert engine.in_prefill.wait(5)
+    cancel.set()
+    chat.close()
+    worker.join(5)
+    assert errors and engine.closed
+    assert SessionStore().turns(chat.session.id)[0].status == "cancelled"
+
+
+def test_timings_of_the_slow_phases_are_kept_for_the_next_etas(tmp_path):
+    from locks_chat.tui.timings import load_timings, timings_path
+
+    assert load_timings().engine_start_s is None
+    chat = opened(tmp_path, FakeEngine())
+    ask(chat, "Hello?")
+    timings = load_timings()
+    assert timings.engine_start_s is not None
+    timings_path().write_text('{"engine_start_s": 42.0, "prefill_tokens_per_s": null, "other": 1}')
+    assert load_timings().engine_start_s == 42.0
+    timings_path().write_text("{not json")
+    assert load_timings().engine_start_s is None

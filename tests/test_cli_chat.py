@@ -1,0 +1,99 @@
+"""``locks-chat book.pdf`` (the chat command, the default) and ``locks-chat sessions``, through the CLI."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from locks_chat import cli
+from locks_chat.cli import app, with_default_command
+from locks_chat.sessions import SessionStore, file_hash
+from locks_chat.settings import Settings, save_settings
+from locks_chat.tui.app import LocksChatApp
+from tests.tui_support import write_book
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [(["book.pdf"], ["chat", "book.pdf"]), (["book.pdf", "--pages", "1-3"], ["chat", "book.pdf", "--pages", "1-3"]),
+     (["ask", "b.pdf", "q"], ["ask", "b.pdf", "q"]), (["chat", "b.pdf"], ["chat", "b.pdf"]),
+     (["sessions", "list"], ["sessions", "list"]), (["--help"], ["--help"]), ([], [])],
+    ids=["book", "book-options", "ask", "chat", "sessions", "help", "nothing"],
+)
+def test_a_document_alone_means_chat(args, expected):
+    assert with_default_command(args) == expected
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """Capture the app the command builds instead of running it."""
+    apps = []
+
+    def run(self, *args, **kwargs):
+        apps.append(self)
+
+    monkeypatch.setattr(LocksChatApp, "run", run)
+    monkeypatch.setattr(LocksChatApp, "return_code", None, raising=False)
+    return apps
+
+
+def test_main_opens_the_app_with_settings_and_overrides(tmp_path, monkeypatch, opened):
+    book = write_book(tmp_path)
+    save_settings(Settings(budget=1024, rank=4, max_tokens=99))
+    monkeypatch.setattr("sys.argv", ["locks-chat", str(book), "--budget", "512", "--pages", "2-3", "--new"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code in (0, None)
+    [chat_app] = opened
+    options = chat_app.chat.options
+    assert (options.settings.budget, options.settings.rank, options.settings.max_tokens) == (512, 4, 99)
+    assert options.pages == "2-3" and options.new_session and chat_app.chat.path == book
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["missing.pdf"], "missing.pdf: no such file"), (["{book}", "--rank", "20"], "rank=20")],
+    ids=["missing", "bad-rank"],
+)
+def test_chat_errors_are_one_line_before_the_screen_opens(tmp_path, opened, args, message):
+    book = write_book(tmp_path)
+    result = runner.invoke(app, ["chat", *[a.format(book=book) for a in args]])
+    assert result.exit_code == 2 and message in result.stderr and not opened
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def sessions(tmp_path):
+    book = write_book(tmp_path)
+    store = SessionStore()
+    first = store.open_session(str(book), file_hash(book), "book", "1-2")
+    turn = store.begin_turn(first.id, "Who?")
+    store.save_turn(turn, "Ann (p. 1).", "done", [{"page": "1", "physical": 1}])
+    second = store.open_session(str(book), file_hash(book), "book", None, new=True)
+    return first.id, second.id
+
+
+def test_sessions_list(sessions):
+    result = runner.invoke(app, ["sessions", "list", "--json"])
+    assert result.exit_code == 0
+    listed = json.loads(result.stdout)
+    assert {s["id"] for s in listed} == set(sessions)
+    assert next(s for s in listed if s["id"] == sessions[0])["turns"] == 1
+    result = runner.invoke(app, ["sessions", "list"])
+    assert result.exit_code == 0 and "book" in result.stdout and "1-2" in result.stdout
+
+
+def test_sessions_show_prints_the_transcript(sessions):
+    result = runner.invoke(app, ["sessions", "show", str(sessions[0])])
+    assert result.exit_code == 0
+    assert "## Q1. Who?" in result.stdout and "Cited: p. 1" in result.stdout
+
+
+def test_sessions_delete(sessions):
+    result = runner.invoke(app, ["sessions", "delete", str(sessions[0]), "999"])
+    assert result.exit_code == 2 and "no session 999" in result.stderr
+    assert len(SessionStore().list_sessions()) == 2
+    result = runner.invoke(app, ["sessions", "delete", str(sessions[0])])
+    assert result.exit_code == 0 and [s.id for s in SessionStore().list_sessions()] == [sessions[1]]

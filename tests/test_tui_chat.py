@@ -1,0 +1,203 @@
+"""The chat screen through the pilot with a scripted engine: streaming, panels, cancel, failures, history."""
+
+import asyncio
+import time
+
+import pytest
+
+from locks_chat.errors import EngineError
+from locks_chat.sessions import SessionStore
+from locks_chat.tui.app import build_app
+from locks_chat.tui.book_chat import ChatOptions
+from locks_chat.tui.screens.chat import ChatScreen
+from locks_chat.tui.widgets.page_strip import PageStrip
+from locks_chat.tui.widgets.prompt_input import PromptInput
+from locks_chat.tui.widgets.turn_view import TurnView
+from tests.fakes import FakeEngine
+from tests.tui_support import Factory, GatedEngine, notices, until, write_book
+
+SIZE = (120, 40)
+pytestmark = pytest.mark.asyncio
+
+
+def chat_screen(app) -> ChatScreen | None:
+    return next((s for s in app.screen_stack if isinstance(s, ChatScreen)), None)
+
+
+def ready(app) -> bool:
+    """The chat screen is up, with its document loaded and its engine started."""
+    screen = chat_screen(app)
+    return (screen is not None and screen.chat.engine is not None and screen.chat.document is not None
+            and not screen.doc_loading.is_set() and not screen.engine_starting.is_set())
+
+
+async def ask(pilot, question: str) -> None:
+    await until(pilot, lambda: ready(pilot.app), what="the app to be ready")
+    prompt = pilot.app.screen.query_one(PromptInput)
+    prompt.value = question
+    await pilot.press("enter")
+
+
+def answer_text(app) -> str:
+    return app.screen.query(TurnView).last().answer
+
+
+@pytest.fixture
+def book(tmp_path):
+    return write_book(tmp_path)
+
+
+async def test_answer_streams_with_citations_and_is_saved(book):
+    engine = FakeEngine(answer="The password is **BLUE** (p. 1).", bins_per_step=[[7, 8], [30, 31]])
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "What is the password?")
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        turn = app.screen.query(TurnView).last()
+        assert turn.answer == "The password is **BLUE** (p. 1)."
+        footer = str(turn.query_one(".footer").render())
+        assert "cited: p. 1" in footer and "TTFT 0.5 s" in footer
+        assert app.screen.query_one(PromptInput).disabled is False
+        strip = app.screen.query_one(PageStrip)
+        assert strip.token == 6 and strip.share
+    store = SessionStore()
+    [session] = store.list_sessions()
+    [saved] = store.turns(session.id)
+    assert (saved.status, saved.answer, saved.citations) == ("done", turn.answer, [{"page": "1", "physical": 1}])
+    assert saved.stats["mode"] == "LOCKS budget 2048, rank 8" and saved.stats["decode_steps"] == 6
+    assert engine.closed
+
+
+async def test_prompt_is_locked_while_the_answer_streams_and_pages_change_per_token(book):
+    engine = GatedEngine(answer="one two three four", bins_per_step=[[7, 8], [30, 31, 45]])
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Count?")
+        prompt = app.screen.query_one(PromptInput)
+        strip = app.screen.query_one(PageStrip)
+        engine.release(1)
+        await until(pilot, lambda: strip.token == 1, what="token 1")
+        assert prompt.disabled and answer_text(app) == "one "
+        assert set(strip.share) == {1}
+        engine.release(1)
+        await until(pilot, lambda: strip.token == 2, what="token 2")
+        assert answer_text(app) == "one two " and set(strip.share) == {3, 4}
+        await pilot.press("x")
+        assert prompt.value == ""
+        engine.release(2)
+        await until(pilot, lambda: not prompt.disabled, what="the prompt back")
+
+
+@pytest.mark.parametrize("key", ["escape", "ctrl+c"])
+async def test_cancel_mid_answer_aborts_in_the_engine_and_keeps_the_partial_answer(book, key):
+    engine = GatedEngine(answer="one two three four")
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Count?")
+        engine.release(2)
+        await until(pilot, lambda: answer_text(app) == "one two ", what="two tokens")
+        await pilot.press(key)
+        await until(pilot, lambda: not app.screen.answering, what="the cancel")
+        assert engine.aborted == 1
+        assert app.is_running and app.screen.query_one(PromptInput).disabled is False
+        assert "cancelled" in str(app.screen.query(TurnView).last().query_one(".footer").render())
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert (saved.status, saved.answer) == ("cancelled", "one two ")
+
+
+async def test_cancel_during_prefill(book):
+    engine = GatedEngine(answer="never said")
+    engine.prefill_done.clear()
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Anything?")
+        await until(pilot, lambda: engine.in_prefill.is_set(), what="the prefill")
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.screen.answering, what="the cancel")
+        assert engine.aborted == 1 and answer_text(app) == ""
+    store = SessionStore()
+    assert store.turns(store.list_sessions()[0].id)[0].status == "cancelled"
+
+
+async def test_failure_notifies_and_gives_the_prompt_back(book):
+    engine = FakeEngine(answer="one two three", fail=RuntimeError("the engine fell over"))
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Will it work?")
+        await until(pilot, lambda: not app.screen.answering, what="the failure")
+        prompt = app.screen.query_one(PromptInput)
+        assert not prompt.disabled and prompt.value == "Will it work?" and app.focused is prompt
+        assert any("the engine fell over" in m for m in notices(app, "error"))
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert (saved.status, saved.answer) == ("failed", "one ")
+
+
+async def test_engine_that_does_not_start(book):
+    factory = Factory(error=EngineError("the engine did not start: no model"))
+    app = build_app(book, ChatOptions(), factory)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: not screen.engine_starting.is_set() and not screen.doc_loading.is_set())
+        await pilot.pause()
+        assert "the engine did not start: no model" in notices(app, "error")
+        screen.query_one(PromptInput).value = "Hello?"
+        await pilot.press("enter")
+        await until(pilot, lambda: not screen.answering, what="the failure")
+        assert screen.query_one(PromptInput).value == "Hello?"
+        assert any("engine is not running" in m for m in notices(app, "error"))
+
+
+async def test_question_asked_while_the_engine_starts_waits_for_it(book):
+    engine = FakeEngine(answer="Ready now.")
+    started = __import__("threading").Event()
+
+    def slow_factory(model, locks, max_model_len):
+        started.wait(5)
+        return engine
+
+    app = build_app(book, ChatOptions(), slow_factory)
+    async with app.run_test(size=SIZE) as pilot:
+        app.screen.query_one(PromptInput).value = "Early question?"
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert "Waiting for the engine" in str(app.screen.panels.progress.render())
+        started.set()
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        assert answer_text(app) == "Ready now."
+
+
+async def test_prompt_history_up_and_down(book):
+    app = build_app(book, ChatOptions(), Factory(FakeEngine(answer="ok")))
+    async with app.run_test(size=SIZE) as pilot:
+        for question in ("first?", "second?"):
+            await ask(pilot, question)
+            await until(pilot, lambda: not app.screen.answering)
+        prompt = app.screen.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press(*"draft")
+        await pilot.press("up")
+        assert prompt.value == "second?"
+        await pilot.press("up", "up")
+        assert prompt.value == "first?"
+        await pilot.press("down", "down")
+        assert prompt.value == "draft"
+
+
+async def test_quitting_mid_answer_saves_the_partial_answer_as_cancelled(book):
+    engine = GatedEngine(answer="one two three four")
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Count?")
+        engine.release(1)
+        await until(pilot, lambda: answer_text(app) == "one ", what="one token")
+        await pilot.press("ctrl+q")
+    # the worker thread ends after the app (app.run() waits for it; run_test does not)
+    store = SessionStore()
+    session = store.list_sessions()[0].id
+    deadline = time.monotonic() + 5
+    while store.turns(session)[0].status == "interrupted" and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    [saved] = store.turns(session)
+    assert (saved.status, saved.answer) == ("cancelled", "one ") and engine.aborted == 1 and engine.closed
