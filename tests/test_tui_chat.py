@@ -201,3 +201,13 @@ async def test_quitting_mid_answer_saves_the_partial_answer_as_cancelled(book):
         await asyncio.sleep(0.02)
     [saved] = store.turns(session)
     assert (saved.status, saved.answer) == ("cancelled", "one ") and engine.aborted == 1 and engine.closed
+
+
+async def test_a_book_that_does_not_fit_says_to_use_pages(book):
+    app = build_app(book, ChatOptions(), Factory(FakeEngine(max_context=300)))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Too long?")
+        await until(pilot, lambda: not app.screen.answering, what="the failure")
+        [error] = notices(app, "error")
+        assert "do not fit" in error and "/pages" in error and "--pages" not in error
+        assert "do not fit" in str(app.screen.query(TurnView).last().query_one(".footer").render())

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from textual import on, work
 from textual.app import ComposeResult
+from textual.markup import escape
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from locks_chat.errors import Cancelled, LocksChatError, exception_reason
+from locks_chat.errors import Cancelled, ContextError, LocksChatError, exception_reason
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
@@ -274,7 +275,7 @@ class ChatScreen(Screen):
         saved = self.chat.turns[-1] if len(self.chat.turns) > self.turns_before else None
         citations, stats = (saved.citations, saved.stats) if saved is not None else ([], {})
         if self.turn is not None:
-            await self.turn.finish(message.status, citations, turn_stats_text(stats))
+            await self.turn.finish(message.status, citations, turn_stats_text(stats) or escape(message.error))
         self.cancel, self.turn = None, None
         self.panels.progress.end("answer")
         prompt = self.query_one(PromptInput)
@@ -291,5 +292,8 @@ class ChatScreen(Screen):
 
 
 def _message(err: BaseException) -> str:
-    """One line for a notification: a user-fixable error's own message, else the exception squeezed."""
+    """One line for a notification: a user-fixable error's own message (``--pages`` advice said as the
+    ``/pages`` command), else the exception squeezed."""
+    if isinstance(err, ContextError):
+        return err.message.replace("--pages", "/pages")
     return err.message if isinstance(err, LocksChatError) else f"{type(err).__name__}: {exception_reason(err)}"
