@@ -1,0 +1,33 @@
+"""LOCKS decode stages in Triton, with the names and signatures of their ``locks_engine.ops`` twins.
+
+``build_page_summaries -> score_pages -> select_pages -> sparse_paged_attention``, plus
+``build_cache_summaries`` (prefill), ``build_completed_page_summaries`` (the page a decode step completes),
+``decode_step`` (one layer's step, composed) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver). Each
+takes optional ``out`` buffers; all launch fixed grids with no host synchronization, so a whole decode step can
+be captured in one CUDA graph at a fixed budget. Importing this package does not import triton: each function
+loads its module on first use (so CPU-only machines can import it, and tests can skip cleanly).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODULES = {
+    "batched_eigh": "locks_kernels.eigh",
+    "build_page_summaries": "locks_kernels.summaries",
+    "build_cache_summaries": "locks_kernels.summaries",
+    "build_completed_page_summaries": "locks_kernels.summaries",
+    "score_pages": "locks_kernels.score",
+    "select_pages": "locks_kernels.select",
+    "sparse_paged_attention": "locks_kernels.attention",
+    "decode_step": "locks_kernels.step",
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module 'locks_kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULES[name]), name)

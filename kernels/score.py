@@ -1,0 +1,204 @@
+"""Stage 2 in Triton: estimated log attention mass of every page from its summary (paper Section 3.2, Eq. 2).
+
+One program scores ``TP`` logical pages of one sequence for one KV head and all ``G`` query heads of its group,
+so each summary is read once per group, with every load of the tile issued up front. All products run on the
+matrix units: ``q . mu`` in fp16 (a bf16 query and an fp16 or int8 centroid are exact there); ``V q`` in int8,
+the basis as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum(q)``) against the query as a
+16-bit fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient
+contraction as a batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over
+the ``B`` tokens. The kernel is bound by instruction issue, not bytes (see ``NOTES.md``): the int8 path
+exists because unpacking int4 to fp16 cost more instructions than anything else.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from locks_engine.ops.summaries import PageSummaries
+from locks_kernels.summaries import FORMAT_CODES
+
+@triton.jit
+def _score_pages_kernel(
+    q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, centroid_scale_ptr, basis_scale_ptr, coeffs_scale_ptr,
+    block_table_ptr, seq_lens_ptr, out_ptr,
+    stride_qs, stride_qh, stride_bt, stride_os, stride_oh,
+    scale, H, PMAX,
+    B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
+    GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, FMT: tl.constexpr,
+):
+    i_t, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    o_j = i_t * TP + tl.arange(0, TP)  # [TP] logical pages
+    o_g = tl.arange(0, GP)
+    m_g = o_g < G
+    p_out = out_ptr + i_s * stride_os + (i_h * G + o_g[None, :]) * stride_oh + o_j[:, None]  # [TP, GP]
+    m_out = (o_j[:, None] < PMAX) & m_g[None, :]
+    n_complete = tl.load(seq_lens_ptr + i_s) // B
+    if i_t * TP >= n_complete:
+        tl.store(p_out, tl.full([TP, GP], float("-inf"), tl.float32), mask=m_out)
+    else:
+        live = o_j < n_complete
+        block = tl.load(block_table_ptr + i_s * stride_bt + o_j // PPB, mask=live, other=0).to(tl.int64)
+        ph = (block * PPB + o_j % PPB) * H + i_h  # [TP] page-head index into the store
+        o_d = tl.arange(0, D)
+        o_r = tl.arange(0, RP)
+        o_k = tl.arange(0, KP)
+        o_b = tl.arange(0, B)
+        # every load of the tile is issued up front: the kernel is bound by memory latency otherwise
+        row = ph[:, None] * R + o_r[None, :]  # [TP, RP] basis rows (page, direction)
+        m_row = live[:, None] & (o_r < R)[None, :]
+        m_c = live[:, None, None] & (o_k < R)[None, None, :]
+        b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, :, None] * R + o_k[None, None, :],
+                      mask=m_c, other=0)  # [TP, B, KP]
+        p_q = q_ptr + i_s * stride_qs + (i_h * G + o_g[None, :]) * stride_qh  # [1, GP]
+        if FMT == 0:
+            b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :], mask=live[:, None], other=0.0)
+            b_v = tl.reshape(tl.load(basis_ptr + row[:, :, None] * D + o_d[None, None, :], mask=m_row[:, :, None],
+                                     other=0.0), [TP * RP, D])
+            b_q = tl.load(p_q + o_d[:, None], mask=m_g[None, :], other=0.0).to(tl.float32)  # [D, GP]
+            qmu = tl.dot(b_mu, b_q, input_precision="ieee")  # [TP, GP]
+            b_w = tl.reshape(tl.dot(b_v, b_q, input_precision="ieee"), [TP, RP, GP])
+        else:
+            DH: tl.constexpr = D // 2
+            o_dh = tl.arange(0, DH)
+            b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :], mask=live[:, None], other=0)
+            b_p = tl.load(basis_ptr + row[:, :, None] * DH + o_dh[None, None, :], mask=m_row[:, :, None], other=0)
+            b_p = tl.reshape(b_p, [TP * RP, DH])  # int4 pairs
+            if FMT == 1:
+                s_mu = tl.load(centroid_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
+                s_w = (tl.load(basis_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
+                       * tl.load(coeffs_scale_ptr + ph, mask=live, other=0.0).to(tl.float32))[:, None]
+            else:
+                s_w = (tl.load(basis_scale_ptr + row, mask=m_row, other=0.0).to(tl.float32)
+                       * tl.load(coeffs_scale_ptr + row, mask=m_row, other=0.0).to(tl.float32))  # [TP, RP]
+            b_q = tl.load(p_q + o_d[:, None], mask=m_g[None, :], other=0.0)  # [D, GP]
+            qmu = tl.dot(b_mu.to(tl.float16), b_q.to(tl.float16))
+            if FMT == 1:
+                qmu *= s_mu[:, None]
+            # V q on the int8 matrix units: the basis as unsigned nibbles (V = nib - 8), the query as a 16-bit
+            # fixed-point pair per head, q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
+            b_qe = tl.load(p_q + 2 * o_dh[:, None], mask=m_g[None, :], other=0.0).to(tl.float32)  # [D/2, GP]
+            b_qo = tl.load(p_q + 2 * o_dh[:, None] + 1, mask=m_g[None, :], other=0.0).to(tl.float32)
+            s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=0), tl.max(tl.abs(b_qo), axis=0)) / 32512.0  # [GP]; q_hi <= 127
+            s_q = tl.where(s_q > 0.0, s_q, 1.0)
+            qe_int = tl.floor(b_qe / s_q[None, :] + 0.5)
+            qo_int = tl.floor(b_qo / s_q[None, :] + 0.5)
+            qe_hi = tl.floor((qe_int + 128.0) / 256.0)
+            qo_hi = tl.floor((qo_int + 128.0) / 256.0)
+            qe_lo = (qe_int - 256.0 * qe_hi).to(tl.int8)
+            qo_lo = (qo_int - 256.0 * qo_hi).to(tl.int8)
+            q_sum = tl.sum(qe_int + qo_int, axis=0).to(tl.int32)  # [GP]
+            b_lo = (b_p & 15).to(tl.int8)
+            b_hi = (b_p >> 4).to(tl.int8)
+            w_hi = tl.dot(b_lo, qe_hi.to(tl.int8)) + tl.dot(b_hi, qo_hi.to(tl.int8))
+            w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
+            w_int = 256 * w_hi + w_lo - 8 * q_sum[None, :]  # [TP * RP, GP] = (V_int q_int), exact
+            b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
+        if KP > RP:
+            # zero rows up to the 16 that a matrix-unit product needs along the direction axis
+            o_f = tl.arange(0, KP // RP)
+            b_w = tl.reshape(tl.where((o_f == 0)[None, :, None, None], b_w[:, None, :, :], 0.0), [TP, KP, GP])
+        if FMT == 0:
+            b_logit = tl.dot(b_c, b_w, input_precision="ieee")  # [TP, B, GP]
+        else:
+            # int8 coefficients are exact in fp16; the (V q) factors go in as an fp16 pair (hi + lo)
+            b_c = b_c.to(tl.float16)
+            w_hi = b_w.to(tl.float16)
+            b_logit = tl.dot(b_c, w_hi) + tl.dot(b_c, (b_w - w_hi.to(tl.float32)).to(tl.float16))
+        b_logit = (b_logit + qmu[:, None, :]) * (scale * 1.4426950408889634)  # base 2
+        b_max = tl.max(b_logit, axis=1)
+        b_lse = b_max + tl.log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1))
+        b_score = tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
+        tl.store(p_out, b_score, mask=m_out)
+
+
+def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps):
+    seqs, num_q_heads, dim = q.shape
+    heads = store.centroid.shape[1]
+    rank = store.coeffs.shape[-1]
+    ppb = block_size // page_size
+    pmax = block_table.shape[1] * ppb
+    assert num_q_heads % heads == 0, f"HQ={num_q_heads} is not a multiple of H={heads}"
+    assert block_size % page_size == 0, f"page_size={page_size} must divide block_size={block_size}"
+    assert store.coeffs.shape[-2] == page_size and store.centroid.shape[-1] == dim, "store does not match q / B"
+    assert dim >= 32 and dim & (dim - 1) == 0, f"kernels need D a power of two >= 32, got {dim}"
+    assert q.stride(-1) == 1, "q must be contiguous along D"
+    assert all(t.is_contiguous() for t in store.tensors().values()), "summary store tensors must be contiguous"
+    groups = num_q_heads // heads
+    if out is None:
+        out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)
+    assert out.shape == (seqs, num_q_heads, pmax) and out.dtype == torch.float32 and out.stride(-1) == 1
+    # the B x G logits of TP pages live in registers: fewer pages per program for large groups
+    tile_pages = tile_pages or (32 if groups <= 4 else 16)
+    grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
+    _score_pages_kernel[grid](
+        q,
+        store.centroid,
+        store.basis,
+        store.coeffs,
+        store.centroid if store.centroid_scale is None else store.centroid_scale,
+        store.centroid if store.basis_scale is None else store.basis_scale,
+        store.centroid if store.coeffs_scale is None else store.coeffs_scale,
+        block_table,
+        seq_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        block_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale,
+        heads,
+        pmax,
+        B=page_size,
+        D=dim,
+        R=rank,
+        RP=triton.next_power_of_2(rank),
+        KP=max(16, triton.next_power_of_2(rank)),
+        G=groups,
+        GP=max(2, triton.next_power_of_2(groups)),
+        PPB=ppb,
+        TP=tile_pages,
+        FMT=FORMAT_CODES[store.summary_format],
+        num_warps=num_warps,
+    )
+    return out
+
+
+def score_pages(
+    q: Tensor,
+    store: PageSummaries,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    page_size: int,
+    block_size: int,
+    scale: float | None = None,
+    out: Tensor | None = None,
+    tile_pages: int | None = None,
+    num_warps: int = 4,
+) -> Tensor:
+    """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
+
+    ``s_j(q) = logsumexp_{i in page j} (scale * (q . mu_j + (V_j q) . c_i))``, as ``locks_engine.ops.score_pages``.
+
+    Args:
+        q (Tensor): decode queries `[S, HQ, D]`, fp32, bf16 or fp16, contiguous along ``D``; ``D`` a power of
+            two >= 32. Quantized formats multiply ``q . mu`` in fp16 (an fp32 query is rounded to 11 bits) and
+            ``V q`` with ``q`` as a 16-bit fixed-point pair per head (module docstring); ``float`` in fp32.
+        store (PageSummaries): summaries by physical page id (contiguous tensors `[num_blocks * ppb, H, ...]`).
+        block_table (Tensor): `[S, max_blocks]` int32 physical block ids; seq_lens (Tensor): `[S]` int32 tokens.
+        page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
+        scale (float | None): softmax scale, default ``D ** -0.5``.
+        out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
+        tile_pages, num_warps (int): pages per program (default 32, 16 for groups over 4) and warps per
+            program (tuning only).
+    Returns:
+        Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
+        not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
+    Raises:
+        AssertionError: on shapes, strides or dtypes the kernel does not take.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps)

@@ -1,0 +1,216 @@
+"""Stage 3 in Triton: group-shared top-K page selection under the budget (paper Section 3.3).
+
+Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages:
+
+1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)``.
+2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
+   group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
+   32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
+   pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages).
+3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
+   output is ascending without a sort.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from locks_engine.config import LocksConfig
+
+
+@triton.jit
+def _chunk_lse_kernel(scores_ptr, part_ptr, stride_ss, stride_sh, HQ, PMAX, NCHUNK, C: tl.constexpr):
+    i_c, i_hq, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    o_p = i_c * C + tl.arange(0, C)
+    b_s = tl.load(scores_ptr + i_s * stride_ss + i_hq * stride_sh + o_p, mask=o_p < PMAX, other=float("-inf"))
+    b_max = tl.max(b_s, axis=0)
+    b_sum = tl.sum(tl.exp(b_s - tl.where(b_max == float("-inf"), 0.0, b_max)), axis=0)
+    p_part = part_ptr + ((i_s * HQ + i_hq) * NCHUNK + i_c) * 2
+    tl.store(p_part, b_max)
+    tl.store(p_part + 1, b_sum)
+
+
+@triton.jit
+def _kth_largest(keys, K):
+    """Largest ``t >= 1`` with at least ``K`` keys ``>= t`` (1 when fewer than ``K`` keys are ``>= 1``).
+
+    8-ary search: each round counts the keys at 8 thresholds at once (one block reduction), so 11 rounds
+    cover the 2^30 + 1 possible keys. Invariant: ``count(keys >= lo) >= K`` (or ``lo == 1``) and
+    ``count(keys >= hi + 1) < K``."""
+    NT: tl.constexpr = 8
+    o_t = tl.arange(0, NT)
+    lo = tl.zeros([], dtype=tl.int32) + 1
+    hi = tl.zeros([], dtype=tl.int32) + 0x40000001  # bits of 2.0 (forced) + 1
+    for _ in range(11):
+        step = (hi - lo) // NT + 1
+        t = lo + o_t * step  # [NT]
+        good = tl.sum((keys[:, None] >= t[None, :]).to(tl.int32), axis=0) >= K
+        j = tl.maximum(tl.sum(good.to(tl.int32), axis=0) - 1, 0)  # last good threshold (t_0 = lo is good)
+        hi = tl.where(j < NT - 1, tl.minimum(hi, lo + (j + 1) * step - 1), hi)
+        lo = lo + j * step
+    return lo
+
+
+@triton.jit
+def _take_top(keys, K):
+    """Mask of the ``K`` largest keys ``>= 1`` (ties towards lower positions) and each one's output slot."""
+    t = _kth_largest(keys, K)
+    above = keys > t
+    tied = keys == t
+    take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= K - tl.sum(above.to(tl.int32), axis=0)))
+    return take, tl.cumsum(take.to(tl.int32), axis=0) - 1, tl.sum(take.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _chunk_topk_kernel(
+    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
+    stride_ss, stride_sh, HQ, PMAX, NCHUNK, K,
+    B: tl.constexpr, G: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
+    SINK: tl.constexpr, RECENT: tl.constexpr,
+):
+    i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    o_p = i_c * C + tl.arange(0, C)
+    o_n = tl.arange(0, NCP)
+    num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
+    b_pri = tl.zeros([C], dtype=tl.float32)
+    for g in range(G):
+        hq = i_h * G + g
+        p_part = part_ptr + ((i_s * HQ + hq) * NCHUNK + o_n) * 2
+        b_m = tl.load(p_part, mask=o_n < NCHUNK, other=float("-inf"))
+        b_l = tl.load(p_part + 1, mask=o_n < NCHUNK, other=0.0)
+        top = tl.max(b_m, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.sum(b_l * tl.exp(b_m - top), axis=0)
+        lse = top + tl.log(tl.where(total > 0.0, total, 1.0))
+        b_s = tl.load(scores_ptr + i_s * stride_ss + hq * stride_sh + o_p, mask=o_p < PMAX, other=float("-inf"))
+        b_pri += tl.where(total > 0.0, tl.exp(b_s - lse), 0.0)
+    b_pri = b_pri / G
+    forced = (o_p < SINK) | (o_p >= num_pages - 1 - RECENT)
+    b_pri = tl.where(forced, 2.0, b_pri)
+    keys = tl.where(o_p < num_pages, b_pri.to(tl.int32, bitcast=True) + 1, 0)
+    take, slot, n_taken = _take_top(keys, K)
+    base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
+    tl.store(cand_key_ptr + base + slot, keys, mask=take)
+    tl.store(cand_page_ptr + base + slot, o_p, mask=take)
+    o_k = tl.arange(0, KP)
+    tl.store(cand_key_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
+
+
+@triton.jit
+def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_oh, NCHUNK, K,
+                       KP: tl.constexpr, NP: tl.constexpr):
+    i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    o_n = tl.arange(0, NP)
+    base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
+    keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
+    pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
+    take, slot, n_taken = _take_top(keys, K)
+    p_out = out_ptr + i_s * stride_os + i_h * stride_oh
+    tl.store(p_out + slot, pages.to(tl.int64), mask=take)
+    o_k = tl.arange(0, KP)
+    tl.store(p_out + o_k, tl.full([KP], -1, tl.int64), mask=(o_k >= n_taken) & (o_k < K))
+
+
+def _warps(n: int) -> int:
+    """Warps for a search over ``n`` keys: the 8 threshold counts take ``8 n / (32 warps)`` registers a thread."""
+    return min(16, max(4, triton.next_power_of_2(n) // 256))
+
+
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk):
+    seqs, num_q_heads, pmax = scores.shape
+    assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
+    assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
+    slots = pmax if cfg.dense else cfg.budget_pages
+    if out is None:
+        out = torch.empty(seqs, num_kv_heads, slots, dtype=torch.int64, device=scores.device)
+    assert out.shape == (seqs, num_kv_heads, slots) and out.dtype == torch.int64 and out.stride(-1) == 1
+    if cfg.dense:
+        pages = torch.arange(pmax, device=scores.device)
+        num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
+        out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
+        return out
+    kp = triton.next_power_of_2(slots)
+    chunk = max(chunk, kp) if chunk else max(kp, min(4096, triton.next_power_of_2(pmax)))
+    nchunk = triton.cdiv(pmax, chunk)
+    dev = scores.device
+    part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
+    cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
+    cand_page = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
+    _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
+        scores,
+        part,
+        scores.stride(0),
+        scores.stride(1),
+        num_q_heads,
+        pmax,
+        nchunk,
+        C=chunk,
+        num_warps=4,
+    )
+    _chunk_topk_kernel[(nchunk, num_kv_heads, seqs)](
+        scores,
+        seq_lens,
+        part,
+        cand_key,
+        cand_page,
+        scores.stride(0),
+        scores.stride(1),
+        num_q_heads,
+        pmax,
+        nchunk,
+        slots,
+        B=cfg.page_size,
+        G=num_q_heads // num_kv_heads,
+        C=chunk,
+        NCP=triton.next_power_of_2(nchunk),
+        KP=kp,
+        SINK=cfg.sink_pages,
+        RECENT=cfg.recent_pages,
+        num_warps=_warps(chunk),
+    )
+    _merge_topk_kernel[(num_kv_heads, seqs)](
+        cand_key,
+        cand_page,
+        out,
+        out.stride(0),
+        out.stride(1),
+        nchunk,
+        slots,
+        KP=kp,
+        NP=triton.next_power_of_2(nchunk * kp),
+        num_warps=_warps(nchunk * kp),
+    )
+    return out
+
+
+def select_pages(
+    scores: Tensor,
+    seq_lens: Tensor,
+    num_kv_heads: int,
+    cfg: LocksConfig,
+    out: Tensor | None = None,
+    chunk: int | None = None,
+) -> Tensor:
+    """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
+
+    Mass shares are averaged over the query heads of a KV group (GQA); the forced pages (the first
+    ``sink_pages``, the last page and the ``recent_pages`` before it) come first, the rest of the
+    ``K = cfg.budget_pages`` slots go to the largest group shares (ties: lower page first). A sequence with
+    at most ``K`` pages reads all of them. With ``cfg.dense`` every page is read (``Pmax`` slots).
+
+    Args:
+        scores (Tensor): fp32 estimated log mass `[S, HQ, Pmax]`, contiguous along pages (``score_pages``).
+        seq_lens (Tensor): `[S]` int32 tokens.
+        num_kv_heads (int): H.
+        cfg (LocksConfig): budget, page size, sink and recent pages.
+        out (Tensor | None): int64 `[S, H, K]` written in place (fixed address for CUDA graphs).
+        chunk (int | None): pages per program in the first pass (a power of two >= K; tuning only).
+    Returns:
+        Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
+    Raises:
+        AssertionError: on shapes, strides or dtypes the kernels do not take.
+    """
+    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk)

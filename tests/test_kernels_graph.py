@@ -1,0 +1,89 @@
+"""A whole LOCKS decode step (completed-page summary, score, select, attend) in one CUDA graph: replays equal
+eager runs, also after the inputs change in place; the step equals the ops pipeline, and dense attention when
+the budget covers every page."""
+
+import torch
+
+import locks_kernels as lk
+from locks_engine import LocksConfig
+from locks_engine.ops import dense_paged_attention, score_pages, select_pages, sparse_paged_attention
+from locks_engine.ops.select import group_mass_shares
+from tests.helpers import assert_close, make_scenario
+from tests.kernels_support import on_device, requires_cuda_graphs
+
+pytestmark = requires_cuda_graphs
+
+
+def _scenario(groups=4, seed=0):
+    # a page completes this step in sequences 0 and 2 (48 and 16 * 70 tokens); 1 and 3 end mid-page
+    sc = make_scenario([48, 16 * 40 + 5, 16 * 70, 3001], num_kv_heads=2, groups=groups, head_dim=128,
+                       block_size=64, seed=seed, dtype=torch.bfloat16, key_offset=10.0)
+    return on_device(sc)
+
+
+def _capture(step):
+    step()  # compiles every kernel before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
+def test_decode_step_replays_equal_eager():
+    sc = _scenario()
+    cfg = LocksConfig(budget=256)
+    lengths = sc.seq_lens.clone()
+    prefill = sc.seq_lens - 1  # the step's token completes a page in sequences 0 and 2
+    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, prefill, cfg)
+
+    def step():
+        return lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg)
+
+    graph, (out, lse) = _capture(step)
+    for trial in range(3):
+        sc.q.copy_(torch.randn_like(sc.q))  # new inputs, same addresses
+        sc.seq_lens.copy_(lengths + trial)
+        graph.replay()
+        eager_out, eager_lse = step()
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"trial {trial}: replay != eager"
+
+
+def test_decode_step_matches_ops_pipeline():
+    sc = _scenario(groups=7, seed=1)
+    cfg = LocksConfig(budget=256)
+    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    out, lse = lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg, build=False)
+    cpu = {k: v.cpu() for k, v in store.tensors().items()}
+    ref_store = type(store)(store.summary_format, **cpu)
+    q, bt, lens = sc.q.float().cpu(), sc.block_table.cpu(), sc.seq_lens.cpu()
+    scores = score_pages(q, ref_store, bt, lens, 16, sc.block_size)
+    selected = select_pages(scores, lens, 2, cfg)
+    kernel_selected = lk.select_pages(lk.score_pages(sc.q, store, sc.block_table, sc.seq_lens, 16, sc.block_size),
+                                      sc.seq_lens, 2, cfg)
+    shares = group_mass_shares(scores, 2)
+    kernel_selected = kernel_selected.cpu()
+    assert torch.equal(kernel_selected >= 0, selected >= 0)
+
+    def mass(sel):
+        return torch.stack([shares[s, h][sel[s, h][sel[s, h] >= 0]].sum() for s in range(4) for h in range(2)])
+
+    kept, best = mass(kernel_selected), mass(selected)
+    assert torch.allclose(kept, best, rtol=1e-5), "the pages ops picks, up to ties"
+    ref_out, ref_lse = sparse_paged_attention(q, sc.k_cache.float().cpu(), sc.v_cache.float().cpu(), bt, lens,
+                                              kernel_selected, 16)
+    assert_close("step out", ref_out, out.float().cpu(), 1e-2)
+    assert_close("step lse", ref_lse, lse.cpu(), 1e-5)
+
+
+def test_budget_covering_every_page_is_dense_attention():
+    sc = _scenario(seed=2)
+    cfg = LocksConfig(budget=16 * 256)
+    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    graph, (out, lse) = _capture(
+        lambda: lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg, build=False))
+    graph.replay()
+    ref_out, ref_lse = dense_paged_attention(sc.q.float().cpu(), sc.k_cache.float().cpu(), sc.v_cache.float().cpu(),
+                                             sc.block_table.cpu(), sc.seq_lens.cpu())
+    assert_close("dense out", ref_out, out.float().cpu(), 1e-2)
+    assert_close("dense lse", ref_lse, lse.cpu(), 1e-5)

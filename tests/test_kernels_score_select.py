@@ -1,0 +1,124 @@
+"""Triton scoring and selection against their ops twins: formats, GQA groups, partial pages, real keys, budgets
+at and past the page count, NaN-poisoned outputs; top-k checked by the mass it keeps (ties make indices moot)."""
+
+import pytest
+import torch
+
+import locks_kernels as lk
+from locks_engine import LocksConfig
+from locks_engine.config import SUMMARY_FORMATS
+from locks_engine.ops import PageSummaries, build_cache_summaries, score_pages, select_pages
+from locks_engine.ops.select import forced_page_mask, group_mass_shares
+from tests.helpers import assert_close, make_scenario
+from tests.kernels_support import (
+    DEVICE, ON_GPU, on_device, poisoned, real_scenario, requires_bf16_dot, requires_kernels,
+)
+
+pytestmark = requires_kernels
+
+LENGTHS = {"one_page": [16], "partial": [17], "odd": [100, 333, 1], "long": [1000, 16 * 40]}
+
+
+def _store_on_device(store):
+    return PageSummaries(store.summary_format, **{k: v.to(DEVICE) for k, v in store.tensors().items()})
+
+
+def _check_scores(sc, fmt, q, tolerance):
+    cfg = LocksConfig(summary_format=fmt)
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    ref = score_pages(q.float(), store, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
+    dev = on_device(sc)
+    out = poisoned(ref.shape, torch.float32)
+    lk.score_pages(q.to(DEVICE), _store_on_device(store), dev.block_table, dev.seq_lens, sc.page_size, sc.block_size,
+                   out=out, tile_pages=16)
+    out = out.cpu()
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not out.isnan().any(), "-inf exactly where ops has it"
+    finite = torch.isfinite(ref)
+    if finite.any():
+        assert_close(f"{fmt} scores", ref[finite], out[finite], tolerance)
+
+
+@pytest.mark.parametrize("fmt", SUMMARY_FORMATS)
+@pytest.mark.parametrize("groups", [1, 4, 7], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("lengths", LENGTHS.values(), ids=LENGTHS.keys())
+def test_scores_match_ops_fp32(fmt, groups, head_dim, lengths):
+    if not ON_GPU and (len(lengths) > 1 or head_dim == 128):
+        pytest.skip("interpreter: small cases only")
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=head_dim, seed=groups, key_offset=20.0)
+    # quantized formats multiply in fp16 on the tensor cores: an fp32 query is rounded to 11 bits
+    _check_scores(sc, fmt, sc.q, 1e-5 if fmt == "float" else 1e-3)
+
+
+@requires_bf16_dot
+@pytest.mark.parametrize("fmt", ["colwise", "paper"])
+@pytest.mark.parametrize("groups", [4, 16], ids=lambda g: f"gqa{g}")
+def test_scores_match_ops_bf16_query(fmt, groups):
+    sc = make_scenario([16 * 70 + 5, 3000], num_kv_heads=2, groups=groups, head_dim=128, seed=5, key_offset=20.0)
+    # q . mu is exact (bf16 in fp16); V q carries q as a 16-bit fixed-point pair (error <= max|q| / 65024)
+    _check_scores(sc, fmt, sc.q.bfloat16(), 1e-4)
+
+
+@pytest.mark.parametrize("layer", [0, 12, 23], ids=lambda layer: f"L{layer}")
+def test_scores_on_real_keys(layer):
+    sc = real_scenario(layer, num_tokens=2048 if ON_GPU else 200)
+    cpu = type(sc)(*(t.cpu() for t in (sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens)), sc.page_size)
+    _check_scores(cpu, "colwise", cpu.q.half(), 1e-4)  # fp16 queries, as the fixture stores them
+
+
+def _random_scores(seqs, heads, pmax, seq_lens, seed):
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(seqs, heads, pmax, generator=gen) * 3
+    complete = torch.arange(pmax) < (seq_lens.long() // 16).unsqueeze(1)
+    return scores.masked_fill(~complete.unsqueeze(1), float("-inf"))
+
+
+SELECT_CASES = {
+    "long_partial": ([1000, 333], 70, 160),
+    "budget_at_pages": ([16 * 10, 16 * 10], 10, 160),
+    "budget_past_pages": ([40, 5], 70, 160),
+    "one_token": ([1, 16 * 70], 70, 160),
+    "many_chunks": ([16 * 5000 - 3, 16 * 3000], 5000, 2048),
+}
+
+
+@pytest.mark.parametrize("case", SELECT_CASES.values(), ids=SELECT_CASES.keys())
+@pytest.mark.parametrize("groups", [1, 4, 7], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("sink,recent", [(1, 1), (2, 3), (0, 0)], ids=["s1r1", "s2r3", "s0r0"])
+def test_selection_matches_ops_by_mass(case, groups, sink, recent):
+    lengths, pmax, budget = case
+    if not ON_GPU and pmax > 1000:
+        pytest.skip("interpreter: small cases only")
+    cfg = LocksConfig(budget=budget, sink_pages=sink, recent_pages=recent)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    scores = _random_scores(len(lengths), 2 * groups, pmax, seq_lens, seed=pmax + groups)
+    scores[0, 0, 3] = scores[0, 0, 4] = 1.0  # a tie
+    ref = select_pages(scores, seq_lens, 2, cfg)
+    out = poisoned(ref.shape, torch.int64)
+    lk.select_pages(scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg, out=out)
+    out = out.cpu()
+    assert torch.equal(out >= 0, ref >= 0), "same number of pages per row, padding at the end"
+    shares = group_mass_shares(scores, 2)
+    forced = forced_page_mask(seq_lens, pmax, cfg)
+    for s in range(len(lengths)):
+        for h in range(2):
+            pages = out[s, h][out[s, h] >= 0]
+            assert torch.equal(pages, pages.unique()), "ascending, no duplicates"
+            assert set(forced[s].nonzero().flatten().tolist()) <= set(pages.tolist())
+            kept, best = shares[s, h][pages].sum(), shares[s, h][ref[s, h][ref[s, h] >= 0]].sum()
+            assert torch.isclose(kept, best, rtol=1e-5, atol=1e-7), "top-k by group share"
+
+
+def test_dense_switch_reads_every_page():
+    cfg = LocksConfig(budget=48, dense=True)
+    seq_lens = torch.tensor([200, 5], dtype=torch.int32)
+    scores = _random_scores(2, 4, 13, seq_lens, 0)
+    out = lk.select_pages(scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
+    assert torch.equal(out.cpu(), select_pages(scores, seq_lens, 2, cfg))
+
+
+def test_all_minus_inf_scores_still_select_forced_pages():
+    cfg = LocksConfig(budget=48, sink_pages=1, recent_pages=1)
+    scores = torch.full((1, 2, 20), float("-inf"))
+    out = lk.select_pages(scores.to(DEVICE), torch.tensor([20 * 16 - 3], dtype=torch.int32, device=DEVICE), 1, cfg)
+    assert torch.equal(out[0, 0].cpu(), torch.tensor([0, 18, 19]))
