@@ -22,6 +22,8 @@ def run_chat(
     from locks_chat.tui.book_chat import ChatOptions
     from locks_chat.tui.terminal import engine_output_to
 
+    if doc.is_dir():
+        raise DocumentError(f"{doc}: is a directory; pass a file")
     if not doc.is_file():
         raise DocumentError(f"{doc}: no such file; check the path")
     settings, warnings = load_settings()
