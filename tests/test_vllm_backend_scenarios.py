@@ -3,10 +3,13 @@ named batch scenarios, randomly permuted block tables with block 0 reserved, a d
 
 Each scenario runs two steps through the real builder and impl: step 1 prefills every row's context (so the
 summaries are built by the backend itself), step 2 is the scenario's batch (decodes first, then prefills).
+The ``cuda`` platform (skipped without a GPU and triton) runs the same steps on the CUDA path: vLLM's cache
+writer, FlashAttention for bf16 prefill rows, the Triton kernels for summaries and decode.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import pytest
@@ -51,25 +54,25 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float) 
     assert err <= ratio, f"{name}: relative RMSE {err:.2e} > {ratio:.0e}"
 
 
-def make_builder(cfg: LocksConfig, dtype: torch.dtype, stats_path=None) -> LocksMetadataBuilder:
+def make_builder(cfg: LocksConfig, dtype: torch.dtype, stats_path=None, device: str = "cpu") -> LocksMetadataBuilder:
     extra = {"locks": cfg.to_dict()}
     if stats_path is not None:
         extra["locks_stats_path"] = str(stats_path)
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=H, head_size=D, dtype=dtype)
-    return LocksMetadataBuilder(spec, ["layer.0"], VllmConfig(additional_config=extra), torch.device("cpu"))
+    return LocksMetadataBuilder(spec, ["layer.0"], VllmConfig(additional_config=extra), torch.device(device))
 
 
-def common_metadata(seq_lens, query_lens, block_table) -> CommonAttentionMetadata:
+def common_metadata(seq_lens, query_lens, block_table, device: str = "cpu") -> CommonAttentionMetadata:
     """vLLM's per-step metadata for rows whose last ``query_lens`` tokens are computed now."""
     starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
     slots = []
     for row, (n, q) in enumerate(zip(seq_lens, query_lens)):
-        pos = torch.arange(n - q, n)
+        pos = torch.arange(n - q, n, device=block_table.device)
         slots.append(block_table[row, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
     return CommonAttentionMetadata(
-        query_start_loc=starts,
+        query_start_loc=starts.to(device),
         query_start_loc_cpu=starts.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         num_reqs=len(seq_lens),
         num_actual_tokens=int(starts[-1]),
         max_query_len=max(query_lens),
@@ -82,9 +85,11 @@ def common_metadata(seq_lens, query_lens, block_table) -> CommonAttentionMetadat
 class Run:
     """Random q/k/v for a batch, a KV cache, and the two steps through builder + impl."""
 
-    def __init__(self, batch: Batch, cfg: LocksConfig, dtype: torch.dtype, seed: int = 0, stats_path=None) -> None:
+    def __init__(
+        self, batch: Batch, cfg: LocksConfig, dtype: torch.dtype, seed: int = 0, stats_path=None, device: str = "cpu"
+    ) -> None:
         gen = torch.Generator().manual_seed(seed)
-        self.batch, self.dtype = batch, dtype
+        self.batch, self.dtype, self.device = batch, dtype, device
         self.q = [torch.randn(n, HQ, D, generator=gen).to(dtype) for n in batch.seq_lens]
         self.k = [torch.randn(n, H, D, generator=gen).to(dtype) for n in batch.seq_lens]
         self.v = [torch.randn(n, H, D, generator=gen).to(dtype) for n in batch.seq_lens]
@@ -94,22 +99,23 @@ class Run:
         for row, n in enumerate(batch.seq_lens):
             for j in range(-(-n // BLOCK_SIZE)):
                 self.block_table[row, j] = free.pop()
-        self.kv_cache = torch.zeros(NUM_BLOCKS, H, BLOCK_SIZE, 2 * D, dtype=dtype)
-        self.builder = make_builder(cfg, dtype, stats_path)
+        self.block_table = self.block_table.to(device)
+        self.kv_cache = torch.zeros(NUM_BLOCKS, H, BLOCK_SIZE, 2 * D, dtype=dtype, device=device)
+        self.builder = make_builder(cfg, dtype, stats_path, device)
         self.impl = LocksAttentionImpl(HQ, D, D**-0.5, H)
 
     def _run(self, seq_lens, query_lens) -> torch.Tensor:
         rows = [i for i, q in enumerate(query_lens) if q > 0]
         seq_lens = [seq_lens[i] for i in rows]
         query_lens = [query_lens[i] for i in rows]
-        cam = common_metadata(seq_lens, query_lens, self.block_table[rows])
-        pick = lambda xs: torch.cat([xs[i][n - q : n] for i, n, q in zip(rows, seq_lens, query_lens)])  # noqa: E731
+        cam = common_metadata(seq_lens, query_lens, self.block_table[rows], self.device)
+        pick = lambda xs: torch.cat([xs[i][n - q : n] for i, n, q in zip(rows, seq_lens, query_lens)]).to(self.device)  # noqa: E731
         q, k, v = pick(self.q), pick(self.k), pick(self.v)
         self.impl.do_kv_cache_update(None, k, v, self.kv_cache, cam.slot_mapping)
         meta = self.builder.build(0, cam)
         out = torch.full_like(q, float("nan"))
         self.impl.forward(None, q, k, v, self.kv_cache, meta, out)
-        return out
+        return out.cpu()
 
     def prefill_context(self) -> None:
         """Step 1: compute every row's tokens before the scenario's query."""
@@ -134,13 +140,21 @@ class Run:
         return torch.cat(outs)
 
 
-@pytest.fixture(params=["cpu_kernel", "torch_fallback"])
+@pytest.fixture(params=["cpu_kernel", "torch_fallback", "cuda"])
 def platform(request, monkeypatch) -> str:
     """``cpu_kernel``: vLLM's CPU platform (cpu_attn cache layout, vLLM's kernel for prefill rows);
-    ``torch_fallback``: what runs elsewhere (packed K|V layout, plain-torch prefill), exercised on the CPU."""
-    if request.param == "torch_fallback":
+    ``torch_fallback``: the packed K|V layout with plain-torch prefill and decode, exercised on the CPU;
+    ``cuda``: the CUDA path (a GPU, triton and a CUDA build of vLLM)."""
+    if request.param == "cuda":
+        if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None or compat.on_cpu():
+            pytest.skip("the CUDA path needs a GPU, triton and a CUDA build of vLLM")
+    elif request.param == "torch_fallback":
         monkeypatch.setattr(compat, "on_cpu", lambda: False)
     return request.param
+
+
+def device_of(platform: str) -> str:
+    return "cuda" if platform == "cuda" else "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -148,15 +162,15 @@ def platform(request, monkeypatch) -> str:
 def test_budget_covering_context_equals_dense(name: str, dtype: torch.dtype, platform: str) -> None:
     batch = SCENARIOS[name]
     cfg = LocksConfig(budget=max(batch.seq_lens) + 3 * LocksConfig().page_size)
-    run = Run(batch, cfg, dtype)
+    run = Run(batch, cfg, dtype, device=device_of(platform))
     run.prefill_context()
     assert_close(name, run.reference(), run.scenario_step(), 1e-5 if dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_dense_switch_equals_dense(dtype: torch.dtype) -> None:
+def test_dense_switch_equals_dense(dtype: torch.dtype, platform: str) -> None:
     batch = SCENARIOS["medium_decode"]
-    run = Run(batch, LocksConfig(budget=64, dense=True), dtype)
+    run = Run(batch, LocksConfig(budget=64, dense=True), dtype, device=device_of(platform))
     run.prefill_context()
     assert_close("dense", run.reference(), run.scenario_step(), 1e-5 if dtype == torch.float32 else 2e-2)
 
@@ -166,7 +180,7 @@ def test_sparse_reads_fewer_pages_and_only_those(tmp_path, platform: str) -> Non
     else: NaN in every page no head read leaves it finite and unchanged."""
     batch = SCENARIOS["medium_decode"]
     cfg = LocksConfig(budget=96, summary_format="float")  # 6 pages of 16
-    run = Run(batch, cfg, torch.float32, stats_path=tmp_path / "stats.bin")
+    run = Run(batch, cfg, torch.float32, stats_path=tmp_path / "stats.bin", device=device_of(platform))
     run.prefill_context()
     first = run.scenario_step()
     ring = StatsRing(tmp_path / "stats.bin")

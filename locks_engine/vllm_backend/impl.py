@@ -1,4 +1,8 @@
-"""``forward`` of the LOCKS backend: write K/V, summarize completed pages, dense prefill, sparse decode."""
+"""``forward`` of the LOCKS backend: write K/V, summarize completed pages, dense prefill, sparse decode.
+
+A KV cache on a CUDA device takes the CUDA path (``gpu.py``: vLLM's cache writer, Triton kernels); any other
+runs the plain-torch ops of ``locks_engine.ops`` (the CPU path and the reference).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from locks_engine.ops import (
     sparse_paged_attention,
     write_page_summaries,
 )
-from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend import compat, gpu
 from locks_engine.vllm_backend.debug import poison_unselected
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import attend_prefill
@@ -70,6 +74,13 @@ class LocksAttentionImpl(AttentionImpl):
 
     def do_kv_cache_update(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
         """Write this step's K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
+        if kv_cache.is_cuda:
+            k_scale = getattr(layer, "_k_scale", None)
+            if k_scale is None:  # engine-free tests pass no layer
+                k_scale = torch.ones((), dtype=torch.float32, device=kv_cache.device)
+            v_scale = getattr(layer, "_v_scale", k_scale)
+            gpu.write_kv(key, value, kv_cache, slot_mapping, self.head_size, self.kv_cache_dtype, k_scale, v_scale)
+            return
         k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
         block_size = k_cache.shape[1]
         slots = slot_mapping.long()
@@ -131,6 +142,11 @@ class LocksAttentionImpl(AttentionImpl):
         page_size = meta.cfg.page_size
         key = (k_cache.data_ptr(), k_cache.shape[0], meta.cfg)
         if self._store_key != key:
+            if k_cache.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "LOCKS backend: the summary store would be allocated inside CUDA graph capture; "
+                    "vLLM should run an eager warm-up step first"
+                )
             num_pages = k_cache.shape[0] * (k_cache.shape[1] // page_size)
             self._store = allocate_page_summaries(
                 num_pages, self.num_kv_heads, self.head_size, meta.cfg, k_cache.device
@@ -138,33 +154,49 @@ class LocksAttentionImpl(AttentionImpl):
             self._store_key = key
         if meta.new_page_ids.numel():
             slots = meta.new_page_slots
-            keys = k_cache[slots // k_cache.shape[1], slots % k_cache.shape[1]]  # [Pn, B, H, D]
-            write_page_summaries(self._store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
+            if k_cache.is_cuda:
+                gpu.summarize_pages(self._store, k_cache, meta.new_page_ids, slots, meta.cfg)
+            else:
+                keys = k_cache[slots // k_cache.shape[1], slots % k_cache.shape[1]]  # [Pn, B, H, D]
+                write_page_summaries(self._store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
         return self._store
 
     def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, store, meta: LocksMetadata, out: Tensor):
         """Score, select and attend for the decode rows; returns ``(selected [S, H, K], num_pages [S],
-        summaries scanned per KV head)``."""
+        summaries scanned per KV head)``, the last two None unless statistics are kept (counting syncs with
+        the host)."""
         cfg, nd = meta.cfg, meta.num_decodes
         seq_lens, block_table = meta.seq_lens[:nd], meta.block_table[:nd]
-        num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
-        pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
-        if cfg.dense:
-            scores, scored = torch.zeros(nd, self.num_heads, pmax, device=q.device), 0
+        if k_cache.is_cuda:
+            selected = gpu.select(q, k_cache, block_table, seq_lens, store, cfg, self.scale, self.num_kv_heads)
         else:
-            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
-            scored = int((seq_lens.long() // cfg.page_size).sum())
-        selected = trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
+            selected = self._select_torch(q, k_cache, store, block_table, seq_lens, cfg)
         restore = None
         if meta.poison_unselected:
             restore = poison_unselected(k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size)
-        attn, _ = sparse_paged_attention(
-            q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale
-        )
+        if k_cache.is_cuda:
+            gpu.attend(q, k_cache, v_cache, block_table, seq_lens, selected, cfg, self.scale, out)
+        else:
+            attn, _ = sparse_paged_attention(
+                q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale
+            )
+            out.copy_(attn)
         if restore is not None:
             restore()
-        out.copy_(attn)
+        if meta.stats is None:
+            return selected, None, None
+        num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
+        scored = 0 if cfg.dense else int((seq_lens.long() // cfg.page_size).sum())
         return selected, num_pages, scored
+
+    def _select_torch(self, q: Tensor, k_cache: Tensor, store, block_table: Tensor, seq_lens: Tensor, cfg):
+        """``select_pages`` of the ops over their ``score_pages`` (zeros for the dense switch), trimmed."""
+        if cfg.dense:
+            pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
+            scores = torch.zeros(q.shape[0], self.num_heads, pmax, device=q.device)
+        else:
+            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
+        return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
 
 
 def trim_selected(selected: Tensor) -> Tensor:

@@ -3,6 +3,11 @@
 The builder asks vLLM to put decode rows (one query token) first in the batch (``reorder_batch_threshold =
 1``), so rows ``[0, num_decodes)`` are decodes and the rest attend densely (``prefill.py``). It also lists the
 KV pages that this step completes, by physical page id, so that each layer summarizes exactly those pages once.
+
+On a CUDA device the decode rows keep vLLM's persistent buffers (the full-width block table, ``seq_lens``) and
+summarize their completed pages on the device (``gpu.py``), so that a full CUDA graph of a decode batch stays
+valid from step to step; the listed pages are then the prefill rows' only. Rows without query tokens (the padding
+of a CUDA-graph batch) are neither decodes nor prefills.
 """
 
 from __future__ import annotations
@@ -68,8 +73,17 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         RuntimeError: some decoder attention layer of the model runs another backend (startup check).
     """
 
-    # The decode path syncs with the host (plain torch ops): no CUDA graphs yet.
-    _cudagraph_support = AttentionCGSupport.NEVER
+    # Full CUDA graphs for decode-only batches on the CUDA path (``get_cudagraph_support`` says when not).
+    _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        """None on CPU (plain torch ops sync with the host), nor with statistics or the poison switch on
+        (both count on the host in ``forward``, which a replayed graph skips)."""
+        extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+        if compat.on_cpu() or extra.get(STATS_PATH_KEY) or extra.get(POISON_KEY):
+            return AttentionCGSupport.NEVER
+        return cls._cudagraph_support
 
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -83,6 +97,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
                 f"{self.block_size}: pick a page size that divides it, or set block_size"
             )
         self.ppb = self.block_size // self.cfg.page_size
+        self.on_cuda = torch.device(device).type == "cuda"
         if compat.on_cpu():
             compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads)
         total, locks = check_layers(vllm_config)
@@ -106,12 +121,19 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         cam = common_attn_metadata
         rows = cam.num_reqs
         starts = cam.query_start_loc_cpu[: rows + 1].tolist()
-        seq_lens_cpu = cam.seq_lens[:rows].cpu()
         query_lens = [starts[i + 1] - starts[i] for i in range(rows)]
         num_decodes = next((i for i, n in enumerate(query_lens) if n != 1), rows)
-        width = -(-int(seq_lens_cpu.max()) // self.block_size) if rows else 0
-        block_table = cam.block_table_tensor[:rows, :width]
-        ids, slots = self._new_pages(seq_lens_cpu, torch.tensor(query_lens), block_table.cpu())
+        if self.on_cuda:
+            seq_lens_cpu = host_seq_lens(cam, rows)
+            rows = max((i + 1 for i, n in enumerate(query_lens) if n), default=0)
+            block_table = cam.block_table_tensor[:rows]
+            paged = slice(num_decodes, rows)
+        else:
+            seq_lens_cpu = cam.seq_lens[:rows].cpu()
+            width = -(-int(seq_lens_cpu.max()) // self.block_size) if rows else 0
+            block_table = cam.block_table_tensor[:rows, :width]
+            paged = slice(0, rows)
+        ids, slots = self._new_pages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged], block_table[paged])
         prefill = None
         if num_decodes < rows:
             base = starts[num_decodes]
@@ -119,8 +141,8 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
                 query_start_loc=(cam.query_start_loc[num_decodes : rows + 1] - base).to(torch.int32),
                 seq_lens=cam.seq_lens[num_decodes:rows],
                 block_table=block_table[num_decodes:],
-                query_start_loc_cpu=[s - base for s in starts[num_decodes:]],
-                seq_lens_cpu=seq_lens_cpu[num_decodes:].tolist(),
+                query_start_loc_cpu=[s - base for s in starts[num_decodes : rows + 1]],
+                seq_lens_cpu=seq_lens_cpu[num_decodes:rows].tolist(),
             )
         if self.stats is not None:
             self.stats.reset(seq_lens_cpu[:num_decodes].tolist(), starts[rows] - starts[num_decodes])
@@ -132,8 +154,8 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             seq_lens=cam.seq_lens[:rows],
             block_table=block_table,
             slot_mapping=cam.slot_mapping,
-            new_page_ids=ids.to(self.device),
-            new_page_slots=slots.to(self.device),
+            new_page_ids=ids.to(self.device, non_blocking=True),
+            new_page_slots=slots.to(self.device, non_blocking=True),
             prefill=prefill,
             stats=self.stats,
             last_layer_name=self.last_layer_name,
@@ -141,7 +163,8 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         )
 
     def _new_pages(self, seq_lens: Tensor, query_lens: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
-        """Physical ids `[Pn]` and token slots `[Pn, B]` of the pages completed by this step's tokens.
+        """Physical ids `[Pn]` and token slots `[Pn, B]` of the pages completed by this step's tokens
+        (``block_table`` is read on the host only when some page completes).
 
         Page ``j`` of a row completes now when ``(seq_len - query_len) // B <= j < seq_len // B``.
         """
@@ -153,10 +176,17 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         row = torch.repeat_interleave(torch.arange(len(counts)), counts)
         offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
         pages = first[row] + offsets  # logical page index
-        blocks = block_table[row, pages // self.ppb].long()
+        blocks = block_table.cpu()[row, pages // self.ppb].long()
         ids = blocks * self.ppb + pages % self.ppb
         slots = (blocks * self.block_size + (pages % self.ppb) * page).unsqueeze(1) + torch.arange(page)
         return ids, slots
+
+
+def host_seq_lens(cam: CommonAttentionMetadata, rows: int) -> Tensor:
+    """`[rows]` tokens of each row on the host without waiting for the device where vLLM offers that
+    (``seq_lens_cpu_upper_bound``: exact but for async speculative decoding, which LOCKS does not run)."""
+    bound = getattr(cam, "seq_lens_cpu_upper_bound", None)
+    return bound[:rows].clone() if bound is not None else cam.seq_lens[:rows].cpu()
 
 
 def check_layers(vllm_config) -> tuple[int, int]:

@@ -1,12 +1,16 @@
 """Dense attention for the prefill rows of a step (LOCKS only changes decode).
 
 On vLLM's CPU platform the rows run on vLLM's own CPU attention kernel (ISA ``vec``/``vec16``, whose cache
-layout ``compat.split_kv_cache("cpu_attn")`` reads); elsewhere a plain-torch path attends each row over its
-cached keys with a causal mask, in query chunks (correct, not fast: a GPU kernel belongs in ``kernels/``).
+layout ``compat.split_kv_cache("cpu_attn")`` reads); on CUDA, fp16/bf16 rows run on vLLM's FlashAttention
+(``flash_attn_varlen_func`` over the paged cache, as vLLM's FLASH_ATTN backend calls it); anything else (fp32,
+CPU tensors off vLLM's CPU platform) on a plain-torch path that attends each row over its cached keys with a
+causal mask, in query chunks (correct, not fast).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -48,8 +52,49 @@ def attend_prefill(
     """
     if compat.on_cpu():
         _attend_cpu_kernel(rows, query, kv_cache, head_size, scale, out)
+    elif query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        _attend_flash(rows, query, kv_cache, head_size, scale, out)
     else:
         _attend_torch(rows, query, kv_cache, head_size, scale, out)
+
+
+@functools.cache
+def _flash_attn(head_size: int) -> tuple:
+    """vLLM's ``flash_attn_varlen_func`` and the FlashAttention version vLLM picks for this GPU and head size
+    (3 on Hopper), as its FLASH_ATTN backend does."""
+    try:
+        from vllm.v1.attention.backends.fa_utils import (
+            flash_attn_varlen_func,
+            get_flash_attn_version,
+        )
+    except ImportError:  # vLLM releases before the v1 move
+        from vllm.attention.utils.fa_utils import (
+            flash_attn_varlen_func,
+            get_flash_attn_version,
+        )
+    return flash_attn_varlen_func, get_flash_attn_version(head_size=head_size)
+
+
+def _attend_flash(
+    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor
+) -> None:
+    flash_attn_varlen_func, fa_version = _flash_attn(head_size)
+    k_cache, v_cache = compat.split_kv_cache(kv_cache, head_size, "packed")
+    starts = rows.query_start_loc_cpu
+    flash_attn_varlen_func(
+        q=query[: starts[-1]],
+        k=k_cache,
+        v=v_cache,
+        out=out[: starts[-1]],
+        cu_seqlens_q=rows.query_start_loc,
+        max_seqlen_q=max(b - a for a, b in itertools.pairwise(starts)),
+        seqused_k=rows.seq_lens,
+        max_seqlen_k=max(rows.seq_lens_cpu),
+        softmax_scale=scale,
+        causal=True,
+        block_table=rows.block_table,
+        fa_version=fa_version,
+    )
 
 
 def _attend_cpu_kernel(
