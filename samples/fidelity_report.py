@@ -1,9 +1,11 @@
 """Aggregation, tables and plots for ``bench_fidelity.py``.
 
-Aggregates per (model, context, selector, rank, budget) over layers, KV heads, decode steps and query heads:
-``mass_vs_oracle`` (median of the per-step, per-query-head ratio), ``mass_vs_oracle_mean``, ``min_layer_mean``
-(the smallest per-layer mean), plus in the full results the per-layer means, low percentiles, recall, output
-error and the absolute mass kept.
+Aggregates per (model, context, selector, rank, budget) over layers, KV heads and decode steps, one value per
+selection (layer, KV head, step): ``mass_vs_oracle`` (median of the ``group_ratio``: the KV group's mean mass kept
+over the oracle's, at most 1), ``mass_vs_oracle_mean``, ``min_layer_mean`` (the smallest per-layer mean). The full
+results add the per-layer means, low percentiles, the same three per query head (``qhead_*``: each query head's
+mass over the oracle's; its mean is pulled above 1 by heads the group-shared oracle starves), recall, output error
+and the absolute mass kept.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ def _key(row: dict) -> tuple:
     return row["model"], row["context"], row["selector"], row["rank"], row["budget_frac"]
 
 
+def _ratio_stats(members: list[dict], field: str) -> tuple[torch.Tensor, dict[int, float]]:
+    """All values of ``field`` pooled, and its mean per layer."""
+    per_layer = defaultdict(list)
+    for m in members:
+        per_layer[m["layer"]].append(m[field].flatten())
+    values = torch.cat([v for vs in per_layer.values() for v in vs])
+    return values, {layer: torch.cat(v).mean().item() for layer, v in sorted(per_layer.items())}
+
+
 def summarize(rows: list[dict], header: dict, metas: dict, args: dict) -> tuple[dict, dict]:
     """(summary in issue 8's format, full results)."""
     groups = defaultdict(list)
@@ -28,15 +39,12 @@ def summarize(rows: list[dict], header: dict, metas: dict, args: dict) -> tuple[
     mass, full = [], []
     for key, members in groups.items():
         model, context, selector, rank, budget = key
-        ratio = torch.cat([m["ratio"].flatten() for m in members])
-        per_layer = defaultdict(list)
-        for m in members:
-            per_layer[m["layer"]].append(m["ratio"].flatten())
-        layer_means = {layer: torch.cat(v).mean().item() for layer, v in sorted(per_layer.items())}
+        group, layer_means = _ratio_stats(members, "group_ratio")
+        head, head_layer_means = _ratio_stats(members, "ratio")
         first = members[0]
         entry = {
             "model": model, "context": context, "selector": selector, "rank": rank, "budget_frac": budget,
-            "mass_vs_oracle": round(ratio.median().item(), 4), "mass_vs_oracle_mean": round(ratio.mean().item(), 4),
+            "mass_vs_oracle": round(group.median().item(), 4), "mass_vs_oracle_mean": round(group.mean().item(), 4),
             "min_layer_mean": round(min(layer_means.values()), 4), "bytes_per_page": int(first["bytes_per_page"]),
         }
         mass.append(entry)
@@ -47,7 +55,10 @@ def summarize(rows: list[dict], header: dict, metas: dict, args: dict) -> tuple[
             "used_rank": first["used_rank"], "budget_pages": first["budget_pages"],
             "summary_frac_of_kv": round(first["bytes_per_page"] / kv, 4),
             "min_layer": min(layer_means, key=layer_means.get),
-            "ratio_p1": round(ratio.quantile(0.01).item(), 4), "ratio_p5": round(ratio.quantile(0.05).item(), 4),
+            "ratio_p1": round(group.quantile(0.01).item(), 4), "ratio_p5": round(group.quantile(0.05).item(), 4),
+            "qhead_median": round(head.median().item(), 4), "qhead_mean": round(head.mean().item(), 4),
+            "qhead_min_layer_mean": round(min(head_layer_means.values()), 4),
+            "qhead_p5": round(head.quantile(0.05).item(), 4),
             "kept_mean": round(torch.cat([m["kept"].flatten() for m in members]).mean().item(), 4),
             "oracle_kept_mean": round(torch.cat([m["oracle_kept"].flatten() for m in members]).mean().item(), 4),
             "recall_mean": round(torch.cat([m["recall"] for m in members]).mean().item(), 4),
@@ -55,7 +66,7 @@ def summarize(rows: list[dict], header: dict, metas: dict, args: dict) -> tuple[
             "out_err_mean": None if out_err is None else round(out_err.mean().item(), 4),
             "out_err_p95": None if out_err is None else round(out_err.quantile(0.95).item(), 4),
             "layer_means": {str(layer): round(v, 4) for layer, v in layer_means.items()},
-            "samples": ratio.numel(),
+            "steps": group.numel(),
         })
     summary = {"date": header["date"], "command": header["command"], "machine": header["machine"],
                "mass": mass, "needle": []}
@@ -87,7 +98,7 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
     results = full["results"]
     cases = sorted({(r["model"], r["context"]) for r in results})
     shown = ["locks-colwise", "locks-paper", "locks-float", "locks-colwise-hadamard", "shared", "shared-bytes",
-             "quest", "window"]
+             "quest", "window", "oracle"]
     metrics = [("mass_vs_oracle_mean", "mass / oracle, mean"), ("min_layer_mean", "mass / oracle, worst layer"),
                ("recall_mean", "recall of oracle pages"), ("out_err_median", "output rel. error, median")]
     paths = []
@@ -112,7 +123,7 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 3.4), squeeze=False)
     for i, (model, context) in enumerate(cases):
         ax = axes[0][i]
-        for name in shown[:-1]:
+        for name in shown[:-2]:
             hit = [r for r in results if r["model"] == model and r["context"] == context and r["selector"] == name
                    and r["rank"] in (0, 8) and r["budget_frac"] == 0.02]
             if hit:
@@ -129,7 +140,7 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 3.4), squeeze=False)
     for i, (model, context) in enumerate(cases):
         ax = axes[0][i]
-        for name in shown[:-1]:
+        for name in shown[:-2]:
             pts = sorted((r["bytes_per_page"], r["mass_vs_oracle_mean"]) for r in results if r["model"] == model
                          and r["context"] == context and r["selector"] == name and r["budget_frac"] == 0.02)
             if pts:

@@ -115,3 +115,16 @@ def test_values_are_optional_and_bad_inputs_fail():
         DecodeSteps(keys[:-1], torch.randn(2, 3, 8), torch.tensor([20, 62]))
     with pytest.raises(ValueError, match="unknown selector"):
         steps.scores("magic", cfg)
+
+
+@pytest.mark.parametrize("selector", ["locks", "quest", "shared", "window"])
+@pytest.mark.parametrize("budget_pages", [3, 5, 9])
+def test_group_ratio_is_at_most_one(steps, selector, budget_pages):
+    """The exact-LSE oracle picks the pages with the largest group-mean share: no selector keeps more of the
+    group's mean mass (per query head it can, the oracle being group-shared). On real keys it can pass 1 by
+    ~1e-3: shares are normalized over complete pages, without the last page's few tokens."""
+    cfg = LocksConfig(rank=2, summary_format="paper", budget=budget_pages * PAGE)
+    result = steps.evaluate(steps.scores(selector, cfg), cfg)
+    assert result["group_ratio"].max() <= 1 + 1e-5
+    kept, oracle = result["kept"].mean(1), result["oracle_kept"].mean(1)
+    torch.testing.assert_close(result["group_ratio"], kept / oracle)
