@@ -15,9 +15,9 @@ from typing import Any
 from locks_chat.ingest import DocPage, Document
 
 SYSTEM = (
-    "You answer questions about the document the user gives you, using only that document. "
-    "Pages begin with markers like [p. 12]. After each statement, cite the page it comes from as (p. 12). "
-    "If the document does not say, answer that it does not say."
+    "You are a careful reader. Answer the user's question about the document using only the document, in one "
+    "or two sentences. Cite the page of each fact as (p. N), where N is the number in the [p. N] marker that "
+    "starts that page."
 )
 
 
