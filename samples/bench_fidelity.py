@@ -171,11 +171,15 @@ def parse_args(argv=None):
     ap.add_argument("--layers", type=int, nargs="*", help="default: every layer")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--replot", action="store_true", help="only redraw the plots from OUT_DIR/fidelity_full.json")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        write_plots(json.loads((Path(args.out_dir) / "fidelity_full.json").read_text()), Path(args.out_dir))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     out_dir = Path(args.out_dir)

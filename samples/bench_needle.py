@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--books", nargs="+", required=True, help="haystack books (plain text)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192])
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05, 0.25])
+    ap.add_argument("--budgets", type=float, nargs="*", default=[0.02, 0.05, 0.25])
     ap.add_argument("--max-tokens", type=int, default=10, help="the 7-digit value is 7 tokens after the answer prefix")
     ap.add_argument("--no-dense", action="store_true", help="skip the dense reference (measured in another run)")
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)

@@ -94,6 +94,7 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     results = full["results"]
     cases = sorted({(r["model"], r["context"]) for r in results})
@@ -112,6 +113,8 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
                 if pts and pts[0][1] is not None:
                     ax.plot([100 * p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
             ax.set_xscale("log")
+            ax.set_xticks([1, 2, 5, 10], ["1", "2", "5", "10"])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel("budget, % of pages")
             ax.set_title(f"{model.split('-')[0]} {context // 1024}K: {label}", fontsize=9)
     axes[0][0].legend(fontsize=7)
@@ -146,6 +149,8 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         ax.set_xscale("log")
+        ax.set_xticks([200, 300, 500, 1000, 2000, 3000], ["200", "300", "500", "1000", "2000", "3000"])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("summary bytes per page and KV head")
         ax.set_title(f"{model.split('-')[0]} {context // 1024}K, 2% budget: mean mass / oracle", fontsize=9)
     axes[0][0].legend(fontsize=7)
