@@ -43,6 +43,14 @@ class AskResult:
         }
 
 
+def _range(pages) -> str:
+    """A ``--pages`` range over ``pages``: printed labels, or physical numbers when a label has a hyphen."""
+    first, last = pages[0], pages[-1]
+    if "-" in first.label or "-" in last.label:
+        return f"{first.number}-{last.number}"
+    return f"{first.label}-{last.label}"
+
+
 def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens: int) -> None:
     """Refuse a prompt that does not leave ``max_tokens`` of room in the context; never truncate.
 
@@ -56,8 +64,7 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     room = max_context - max_tokens - overhead
     per_page = prompt.document_tokens / max(1, len(prompt.pages))
     fit = int(room // per_page) if room > 0 else 0
-    first = prompt.pages[0].label if prompt.pages else "1"
-    hint = f"--pages with about {fit} pages (e.g. --pages {first}-{prompt.pages[max(0, fit - 1)].label})" if fit else "--pages with fewer pages"
+    hint = f"--pages with about {fit} pages (e.g. --pages {_range(prompt.pages[:fit])})" if fit else "--pages with fewer pages"
     raise ContextError(
         f"{document.source}: {prompt.document_tokens:,} document tokens + {overhead:,} prompt tokens + {max_tokens:,} "
         f"for the answer do not fit the model's {max_context:,}-token context; pass {hint}, "

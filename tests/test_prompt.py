@@ -48,6 +48,13 @@ def test_a_document_too_long_is_refused_with_numbers_and_ways_out():
     assert "--pages 1-" in message
 
 
+def test_range_advice_uses_physical_numbers_for_hyphenated_labels():
+    doc = make_doc([" ".join(["word"] * 200)] * 10, ["T-1", "T-2", "i", "ii", "1", "2", "3", "4", "5", "6"])
+    prompt = build_prompt(WordTokenizer(), doc, ["q"])
+    with pytest.raises(ContextError, match=r"--pages 1-\d\b"):
+        check_fits(prompt, doc, 2048, 256)
+
+
 def test_citations_match_labels():
     doc = make_doc(["a", "b", "c"], ["iv", "1", "2"])
     found = find_citations("It says so (p. 1), also on p. iv and pp. 1-2; see page 9.", doc)
