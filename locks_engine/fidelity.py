@@ -177,8 +177,8 @@ class DecodeSteps:
         Returns:
             dict: ``kept`` and ``oracle_kept`` `[T, G]`, ``ratio`` `[T, G]` (0/0 -> 1), ``group_ratio`` `[T]`
             (the KV group's mean ``kept`` over the oracle's: at most 1 up to the last page's share, the oracle
-            being the best selection for the group mean, which is what group-shared selection optimizes), ``recall`` `[T]`, ``pages`` `[T]`
-            pages read, and ``out_err`` `[T, G]` when values were given.
+            being the best selection for the group mean, which is what group-shared selection optimizes),
+            ``recall`` `[T]`, ``pages`` `[T]` pages read, and ``out_err`` `[T, G]` when values were given.
         """
         mask, oracle = self.selected_mask(scores, cfg), self.oracle_mask(cfg)
         kept, kept_oracle = self._kept(mask), self._kept(oracle)
