@@ -163,9 +163,9 @@ def main(argv=None) -> int:
         for i, (name, ids) in enumerate(books.items()):
             # one haystack per book and context; deepest needle first, so that vLLM's prefix cache serves each
             # later trial the haystack before its needle (what differs is only the rest of the prompt)
-            start = random.Random(context + i).randrange(0, len(ids) - context)
+            offset = random.Random(context + i).randrange(0, len(ids) - context)
             for j, depth in enumerate(sorted(args.depths, reverse=True)):
-                trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 100 * i + j, start=start)
+                trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 100 * i + j, start=offset)
                 trials.append({**trial, "book": name})
         for mode, budget in [("dense", 1.0)] * (not args.no_dense) + [("locks", b) for b in args.budgets]:
             rows += run_mode(args, trials, context, mode, budget, log)
