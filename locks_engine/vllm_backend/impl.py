@@ -24,6 +24,10 @@ from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import attend_prefill
 
 
+class UnsupportedAttentionError(ValueError):
+    """A model feature LOCKS does not handle (by design: it targets plain decoder self-attention)."""
+
+
 class LocksAttentionImpl(AttentionImpl):
     """One attention layer. Holds the layer's page summaries, indexed by physical page id
     (``block_id * block_size // B + page_in_block``) so they follow vLLM's block reuse and prefix caching:
@@ -31,7 +35,7 @@ class LocksAttentionImpl(AttentionImpl):
     its contents, and a reused block's pages are summarized anew when their new tokens complete them.
 
     Raises:
-        NotImplementedError: ALiBi, sliding window, logits soft cap, attention sinks, a quantized KV cache,
+        UnsupportedAttentionError: ALiBi, sliding window, logits soft cap, attention sinks, a quantized KV cache,
             or a non-decoder attention type (LOCKS targets plain decoder self-attention).
     """
 
@@ -60,7 +64,7 @@ class LocksAttentionImpl(AttentionImpl):
         }
         bad = [name for name, flag in unsupported.items() if flag]
         if bad:
-            raise NotImplementedError(f"the LOCKS backend does not support {', '.join(bad)}")
+            raise UnsupportedAttentionError(f"the LOCKS backend does not support {', '.join(bad)}")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -114,7 +118,7 @@ class LocksAttentionImpl(AttentionImpl):
             Tensor: ``output``.
         """
         if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError("the LOCKS backend does not fuse output quantization")
+            raise UnsupportedAttentionError("the LOCKS backend does not fuse output quantization")
         if attn_metadata is None:
             return output
         meta = attn_metadata
