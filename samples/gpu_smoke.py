@@ -136,7 +136,7 @@ def read_stats(path: Path) -> dict:
     from locks_engine.stats import require_locks
 
     ring = require_locks(path, timeout_s=10.0)
-    written = int(ring.header["written"])
+    written = ring.written()
     records = [r for r in ring.latest(min(written, ring.capacity)) if r["num_decodes"] > 0]
     keys = ("pages_read", "pages_total", "bytes_read", "bytes_dense")
     total = {k: int(sum(int(r[k]) for r in records)) for k in keys}

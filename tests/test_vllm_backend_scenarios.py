@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,7 +23,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
 from locks_engine.config import LocksConfig  # noqa: E402
-from locks_engine.stats import StatsRing  # noqa: E402
+from locks_engine.stats import StatsReader, StatsRing  # noqa: E402
 from locks_engine.vllm_backend import compat  # noqa: E402
 from locks_engine.vllm_backend.impl import LocksAttentionImpl  # noqa: E402
 from locks_engine.vllm_backend.metadata import LocksMetadataBuilder  # noqa: E402
@@ -54,12 +55,19 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float) 
     assert err <= ratio, f"{name}: relative RMSE {err:.2e} > {ratio:.0e}"
 
 
-def make_builder(cfg: LocksConfig, dtype: torch.dtype, stats_path=None, device: str = "cpu") -> LocksMetadataBuilder:
+def make_builder(
+    cfg: LocksConfig, dtype: torch.dtype, stats_path=None, device: str = "cpu", heads: int = H, run: str = ""
+) -> LocksMetadataBuilder:
+    """The builder of one layer with ``heads`` KV heads; ``run`` replaces vLLM's ``instance_id`` (one per
+    engine run, shared by its tensor-parallel ranks)."""
     extra = {"locks": cfg.to_dict()}
     if stats_path is not None:
         extra["locks_stats_path"] = str(stats_path)
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=H, head_size=D, dtype=dtype)
-    return LocksMetadataBuilder(spec, ["layer.0"], VllmConfig(additional_config=extra), torch.device(device))
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads, head_size=D, dtype=dtype)
+    config = VllmConfig(additional_config=extra)
+    if run:
+        config.instance_id = run
+    return LocksMetadataBuilder(spec, ["layer.0"], config, torch.device(device))
 
 
 def common_metadata(seq_lens, query_lens, block_table, device: str = "cpu") -> CommonAttentionMetadata:
@@ -116,6 +124,17 @@ class Run:
         out = torch.full_like(q, float("nan"))
         self.impl.forward(None, q, k, v, self.kv_cache, meta, out)
         return out.cpu()
+
+    def keep_kv_heads(self, heads: slice, stats_path, run: str) -> None:
+        """Keep the KV heads ``heads`` and their query heads only, as a tensor-parallel rank does."""
+        group = HQ // H
+        self.q = [q[:, heads.start * group : heads.stop * group] for q in self.q]
+        self.k = [k[:, heads] for k in self.k]
+        self.v = [v[:, heads] for v in self.v]
+        kv_heads = heads.stop - heads.start
+        self.kv_cache = self.kv_cache[:, heads].clone()
+        self.builder = make_builder(self.builder.cfg, self.dtype, stats_path, self.device, kv_heads, run)
+        self.impl = LocksAttentionImpl(kv_heads * group, D, D**-0.5, kv_heads)
 
     def prefill_context(self) -> None:
         """Step 1: compute every row's tokens before the scenario's query."""
@@ -225,3 +244,30 @@ def test_summaries_follow_physical_pages() -> None:
 def test_page_size_must_divide_block_size() -> None:
     with pytest.raises(ValueError, match="page_size=24 must divide"):
         make_builder(LocksConfig(page_size=24, rank=8, budget=24 * 3), torch.float32)
+
+
+def test_tensor_parallel_ranks_compute_and_count_what_one_rank_does(tmp_path, monkeypatch) -> None:
+    """Two simulated tensor-parallel ranks holding one KV head each (and its query heads) select per local
+    KV-head group: together they give one rank's output, and their merged statistics are one rank's."""
+    batch = SCENARIOS["medium_decode"]
+    cfg = LocksConfig(budget=96, summary_format="float")
+    whole = Run(batch, cfg, torch.float32, stats_path=tmp_path / "tp1" / "stats.bin")
+    whole.prefill_context()
+    expected = whole.scenario_step()
+    parts = []
+    for rank in range(H):
+        monkeypatch.setattr(compat, "stats_rank", lambda rank=rank: (rank, H))
+        part = Run(batch, cfg, torch.float32)
+        part.keep_kv_heads(slice(rank, rank + 1), tmp_path / "tp2" / "stats.bin", run="run-a")
+        part.prefill_context()
+        parts.append(part.scenario_step())
+    assert_close("tp2", expected, torch.cat(parts, dim=1), 1e-6)
+    assert (tmp_path / "tp2" / "stats.bin.rank1").exists()
+    one, two = StatsReader(tmp_path / "tp1" / "stats.bin"), StatsReader(tmp_path / "tp2" / "stats.bin")
+    assert two.world_size == H and two.num_kv_heads() == one.num_kv_heads() == H
+    assert one.written() == two.written() == 2
+    for a, b in zip(one.latest(2), two.latest(2)):
+        assert b["pages_read"] < b["pages_total"] or not b["num_decodes"]
+        for name in a:
+            if name != "time_ns":
+                assert np.array_equal(a[name], b[name]), name

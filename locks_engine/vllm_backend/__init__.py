@@ -16,9 +16,10 @@ Use::
     })
     locks_engine.stats.require_locks("run/locks-stats.bin")  # fails unless every layer runs LOCKS
 
-Statistics leave the engine's worker process through a memory-mapped ring file (``locks_engine.stats``): one
-record per forward step with pages and bytes read vs dense, per decode row a histogram of the pages read, and
-in the header how many attention layers run LOCKS. Any process reads it with ``StatsRing(path).latest()``.
+Statistics leave the engine's worker processes through memory-mapped ring files (``locks_engine.stats``), one
+per tensor-parallel rank (``path``, ``path.rank1``, ...): one record per forward step with pages and bytes read
+vs dense, per decode row a histogram of the pages read, and in the header how many attention layers run LOCKS.
+Any process reads all ranks merged with ``StatsReader(path).latest()`` (what ``require_locks`` returns).
 Counting happens on the host in ``forward``, which a replayed CUDA graph skips: with a statistics path set, the
 builder declares no CUDA-graph support (vLLM then runs attention outside its graphs); without one, decode-only
 batches run in full CUDA graphs on CUDA.

@@ -96,11 +96,17 @@ def check_cpu_layout(head_size: int, dtype: torch.dtype, num_kv_heads: int = 2) 
         )
 
 
-def first_rank() -> bool:
-    """Whether this worker is rank 0 of the world (the one that writes statistics)."""
+def stats_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of this worker among the tensor-parallel ranks that write statistics, each its own
+    ring (``locks_engine.stats``); None for workers that write none (the world ranks past the first
+    tensor-parallel group: later pipeline stages, other data-parallel replicas). ``(0, 1)`` without vLLM's
+    distributed state (engine-free tests)."""
     try:
-        from vllm.distributed import get_world_group
+        from vllm.distributed import get_tp_group, get_world_group
 
-        return get_world_group().rank == 0
+        tp = get_tp_group()
+        if get_world_group().rank >= tp.world_size:
+            return None
+        return tp.rank_in_group, tp.world_size
     except (AssertionError, ImportError):
-        return True
+        return 0, 1

@@ -25,7 +25,7 @@ from vllm.v1.attention.backend import (
 
 from locks_engine.config import LocksConfig
 from locks_engine.ops import summary_bytes
-from locks_engine.stats import StatsRing
+from locks_engine.stats import StatsRing, run_id
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.debug import POISON_KEY
 from locks_engine.vllm_backend.prefill import PrefillRows
@@ -106,10 +106,22 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks)
 
     def _open_stats(self, path, spec, vllm_config, total: int, locks: int) -> StepStats | None:
-        if not path or not compat.first_rank():
+        """This rank's statistics ring (``locks_engine.stats``): ``rank_path(path, rank)``, with the rank, the
+        tensor-parallel world size, this rank's KV heads and the run (vLLM's ``instance_id``, the same in
+        every worker) in its header; None without a path or on a worker that writes none."""
+        where = compat.stats_rank()
+        if not path or where is None:
             return None
         max_len = vllm_config.model_config.max_model_len if vllm_config.model_config else 1 << 17
-        ring = StatsRing.create(path, max_pages=-(-max_len // self.cfg.page_size), page_size=self.cfg.page_size)
+        ring = StatsRing.create(
+            path,
+            max_pages=-(-max_len // self.cfg.page_size),
+            page_size=self.cfg.page_size,
+            rank=where[0],
+            world_size=where[1],
+            run=run_id(str(getattr(vllm_config, "instance_id", "") or "")),
+            num_kv_heads=spec.num_kv_heads,
+        )
         ring.set_layers(total, locks)
         cfg = self.cfg
         summary, kv = summary_bytes(cfg.page_size, cfg.rank, spec.head_size, cfg.summary_format, spec.dtype)

@@ -19,7 +19,7 @@ from typing import Any
 
 from locks_engine.config import LocksConfig
 from locks_engine.models import resolve_model
-from locks_engine.stats import StatsRing, require_locks
+from locks_engine.stats import require_locks
 
 
 class EngineStartError(RuntimeError):
@@ -91,10 +91,10 @@ class LocksEngine:
         self.max_context = int(self.llm.vllm_config.model_config.max_model_len)
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._seen = int(self.ring.header["written"])
+        self._seen = self.ring.written()
 
     def _new_stats(self) -> list[dict[str, Any]]:
-        written = int(self.ring.header["written"])
+        written = self.ring.written()
         new = self.ring.latest(min(written - self._seen, self.ring.capacity)) if written > self._seen else []
         self._seen = written
         for record in new:
