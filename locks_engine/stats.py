@@ -215,7 +215,8 @@ def merge_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     The ``SUMMED`` counters add up (arrays are clamped to their dtype's maximum, as the writer clamps the
     histogram), so a histogram bin over ``num_layers * num_kv_heads`` stays the share of all (layer, KV head)
     pairs that read it; ``time_ns`` is the last rank's; the rest (step, rows, sequence lengths, layers) is the
-    same in every rank and taken from rank 0. One record comes back unchanged.
+    same in every rank and taken from rank 0. One record comes back unchanged. With more ranks than KV heads
+    vLLM replicates KV heads; each replica counts, as each rank reads its own.
     """
     if len(records) == 1:
         return records[0]
