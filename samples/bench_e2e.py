@@ -62,6 +62,7 @@ TINY = {
 }
 SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
 BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
+CHILD_START = time.perf_counter()
 
 
 def model_config(shape: str, layers: int | None, max_len: int) -> dict:
@@ -124,16 +125,23 @@ def run_engine(args: argparse.Namespace) -> dict:
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
         "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
     }
-    deadline = time.perf_counter() + args.time_limit
-    for ctx in contexts:
-        for batch in sorted({1, batches.get(ctx, 1)}):
-            if time.perf_counter() > deadline:
-                result["cells"].append({"context": ctx, "batch": batch, "skipped": "--time-limit"})
-                continue
+    deadline = CHILD_START + args.time_limit
+    # batch-1 cells first (TPOT, prefill), then the batched ones (throughput)
+    plan = [(ctx, 1) for ctx in contexts] + [(ctx, batches[ctx]) for ctx in contexts if batches.get(ctx, 1) > 1]
+    for ctx, batch in plan:
+        if time.perf_counter() > deadline:
+            result["cells"].append({"context": ctx, "batch": batch, "skipped": "--time-limit"})
+        else:
             cell = measure(llm, SamplingParams, np, ctx, batch, n1, n2, args, cfg)
             result["cells"].append(cell)
             print(json.dumps({k: v for k, v in cell.items() if k != "tpot_ms_reps"}), flush=True)
+        save_result(args, result)  # after every cell: a timed-out engine keeps what it measured
     return result
+
+
+def save_result(args: argparse.Namespace, result: dict) -> None:
+    path = Path(args.out) / f"result-{engine_name(args.shape, args.layers, args.backend, args.tp)}.json"
+    path.write_text(json.dumps(result, indent=1))
 
 
 def measure(llm, SamplingParams, np, ctx: int, batch: int, n1: int, n2: int, args, cfg: dict) -> dict:
@@ -219,7 +227,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="prompt seed")
     parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
     parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
-    parser.add_argument("--time-limit", type=float, default=480, help="an engine skips cells started after this")
+    parser.add_argument("--time-limit", type=float, default=420,
+                        help="seconds after an engine's process starts: later cells are skipped")
     parser.add_argument("--total-s", type=int, default=580, help="seconds for all engines: later ones are skipped")
     parser.add_argument("--summarize", nargs="*", help="result folders to merge into --json and a plot")
     parser.add_argument("--json", default="samples/results/e2e.json", help="summary file written by --summarize")
@@ -232,9 +241,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.child:
-        result = run_engine(args)
-        (out / f"result-{engine_name(args.shape, args.layers, args.backend, args.tp)}.json").write_text(
-            json.dumps(result, indent=1))
+        save_result(args, run_engine(args))
         return 0
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     bad = [b for b in backends if b not in BACKENDS]
@@ -250,10 +257,11 @@ def main() -> int:
                 if left < 60:
                     failures.append(f"{name}: not run (--total-s spent)")
                     continue
+                (out / f"result-{name}.json").unlink(missing_ok=True)
                 log.write(f"\n===== {name} =====\n")
                 log.flush()
                 cmd = [sys.executable, __file__, "--child", "--backend", backend, "--layers", depth,
-                       *child_args(args), "--time-limit", str(min(args.time_limit, left - 60))]
+                       *child_args(args), "--time-limit", str(min(args.time_limit, left - 120))]
                 t0 = time.perf_counter()
                 env = dict(os.environ)
                 if backend == "flash":
@@ -264,9 +272,9 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     rc = "timeout"
                 path = out / f"result-{name}.json"
-                if rc == 0 and path.exists():
-                    results.append(json.loads(path.read_text()))
-                else:
+                if path.exists():
+                    results.append(json.loads(path.read_text()))  # partial when the engine timed out
+                if rc != 0:
                     failures.append(f"{name}: rc {rc} (see bench.log)")
                 print(f"{name}: rc {rc} in {time.perf_counter() - t0:.0f} s", flush=True)
     failures += check(results)
