@@ -7,7 +7,9 @@ the basis as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum
 16-bit fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient
 contraction as a batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over
 the ``B`` tokens. The kernel is bound by instruction issue, not bytes (see ``NOTES.md``): the int8 path
-exists because unpacking int4 to fp16 cost more instructions than anything else.
+exists because unpacking int4 to fp16 cost more instructions than anything else. ``chanlog`` summaries (one
+scale per channel) fold the scales into the query, so its fixed-point pair is made per page: one batched int8
+product per page instead of one for the tile, on 8 pages per program by default.
 """
 
 from __future__ import annotations
@@ -19,6 +21,31 @@ from torch import Tensor
 
 from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.summaries import FORMAT_CODES
+
+@triton.jit
+def _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP: tl.constexpr, RP: tl.constexpr):
+    """``V q = U_int (s * q)`` for per-channel scales ``s``: the scale folded into the query, which is then a
+    16-bit fixed-point pair per page and head as in the other formats (error at most ``max|s q| / 65024`` per
+    entry), against the nibbles in one batched int8 product per page. Returns fp32 `[TP, RP, GP]`."""
+    DH: tl.constexpr = b_lo.shape[1]
+    b_lo = tl.reshape(b_lo, [TP, RP, DH])
+    b_hi = tl.reshape(b_hi, [TP, RP, DH])
+    b_qe = b_qe[None, :, :] * s_e[:, :, None]  # [TP, D/2, GP]
+    b_qo = b_qo[None, :, :] * s_o[:, :, None]
+    s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=1), tl.max(tl.abs(b_qo), axis=1)) / 32512.0  # [TP, GP]
+    s_q = tl.where(s_q > 0.0, s_q, 1.0)
+    qe_int = tl.floor(b_qe / s_q[:, None, :] + 0.5)
+    qo_int = tl.floor(b_qo / s_q[:, None, :] + 0.5)
+    qe_hi = tl.floor((qe_int + 128.0) / 256.0)
+    qo_hi = tl.floor((qo_int + 128.0) / 256.0)
+    qe_lo = (qe_int - 256.0 * qe_hi).to(tl.int8)
+    qo_lo = (qo_int - 256.0 * qo_hi).to(tl.int8)
+    q_sum = tl.sum(qe_int + qo_int, axis=1).to(tl.int32)  # [TP, GP]
+    w_hi = tl.dot(b_lo, qe_hi.to(tl.int8)) + tl.dot(b_hi, qo_hi.to(tl.int8))  # [TP, RP, GP]
+    w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
+    w_int = 256 * w_hi + w_lo - 8 * q_sum[:, None, :]  # exact
+    return w_int.to(tl.float32) * s_q[:, None, :]
+
 
 @triton.jit
 def _score_pages_kernel(
@@ -70,6 +97,11 @@ def _score_pages_kernel(
                 s_mu = tl.load(centroid_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
                 s_w = (tl.load(basis_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
                        * tl.load(coeffs_scale_ptr + ph, mask=live, other=0.0).to(tl.float32))[:, None]
+            elif FMT == 3:
+                s_w = tl.load(coeffs_scale_ptr + row, mask=m_row, other=0.0).to(tl.float32)  # [TP, RP]
+                p_code = basis_scale_ptr + ph[:, None] * D + 2 * o_dh[None, :]  # [TP, D/2] even channels
+                s_e = tl.exp2(tl.load(p_code, mask=live[:, None], other=0).to(tl.float32) * 0.25)
+                s_o = tl.exp2(tl.load(p_code + 1, mask=live[:, None], other=0).to(tl.float32) * 0.25)
             else:
                 s_w = (tl.load(basis_scale_ptr + row, mask=m_row, other=0.0).to(tl.float32)
                        * tl.load(coeffs_scale_ptr + row, mask=m_row, other=0.0).to(tl.float32))  # [TP, RP]
@@ -81,21 +113,24 @@ def _score_pages_kernel(
             # fixed-point pair per head, q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
             b_qe = tl.load(p_q + 2 * o_dh[:, None], mask=m_g[None, :], other=0.0).to(tl.float32)  # [D/2, GP]
             b_qo = tl.load(p_q + 2 * o_dh[:, None] + 1, mask=m_g[None, :], other=0.0).to(tl.float32)
-            s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=0), tl.max(tl.abs(b_qo), axis=0)) / 32512.0  # [GP]; q_hi <= 127
-            s_q = tl.where(s_q > 0.0, s_q, 1.0)
-            qe_int = tl.floor(b_qe / s_q[None, :] + 0.5)
-            qo_int = tl.floor(b_qo / s_q[None, :] + 0.5)
-            qe_hi = tl.floor((qe_int + 128.0) / 256.0)
-            qo_hi = tl.floor((qo_int + 128.0) / 256.0)
-            qe_lo = (qe_int - 256.0 * qe_hi).to(tl.int8)
-            qo_lo = (qo_int - 256.0 * qo_hi).to(tl.int8)
-            q_sum = tl.sum(qe_int + qo_int, axis=0).to(tl.int32)  # [GP]
             b_lo = (b_p & 15).to(tl.int8)
             b_hi = (b_p >> 4).to(tl.int8)
-            w_hi = tl.dot(b_lo, qe_hi.to(tl.int8)) + tl.dot(b_hi, qo_hi.to(tl.int8))
-            w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
-            w_int = 256 * w_hi + w_lo - 8 * q_sum[None, :]  # [TP * RP, GP] = (V_int q_int), exact
-            b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
+            if FMT == 3:
+                b_w = _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP) * s_w[:, :, None]
+            else:
+                s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=0), tl.max(tl.abs(b_qo), axis=0)) / 32512.0  # [GP]
+                s_q = tl.where(s_q > 0.0, s_q, 1.0)  # q_hi <= 127
+                qe_int = tl.floor(b_qe / s_q[None, :] + 0.5)
+                qo_int = tl.floor(b_qo / s_q[None, :] + 0.5)
+                qe_hi = tl.floor((qe_int + 128.0) / 256.0)
+                qo_hi = tl.floor((qo_int + 128.0) / 256.0)
+                qe_lo = (qe_int - 256.0 * qe_hi).to(tl.int8)
+                qo_lo = (qo_int - 256.0 * qo_hi).to(tl.int8)
+                q_sum = tl.sum(qe_int + qo_int, axis=0).to(tl.int32)  # [GP]
+                w_hi = tl.dot(b_lo, qe_hi.to(tl.int8)) + tl.dot(b_hi, qo_hi.to(tl.int8))
+                w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
+                w_int = 256 * w_hi + w_lo - 8 * q_sum[None, :]  # [TP * RP, GP] = (V_int q_int), exact
+                b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
         if KP > RP:
             # zero rows up to the 16 that a matrix-unit product needs along the direction axis
             o_f = tl.arange(0, KP // RP)
@@ -131,7 +166,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)
     assert out.shape == (seqs, num_q_heads, pmax) and out.dtype == torch.float32 and out.stride(-1) == 1
     # the B x G logits of TP pages live in registers: fewer pages per program for large groups
-    tile_pages = tile_pages or (32 if groups <= 4 else 16)
+    tile_pages = tile_pages or (8 if store.summary_format == "chanlog" else 32 if groups <= 4 else 16)
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
         q,
@@ -192,8 +227,8 @@ def score_pages(
         page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
         scale (float | None): softmax scale, default ``D ** -0.5``.
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
-        tile_pages, num_warps (int): pages per program (default 32, 16 for groups over 4) and warps per
-            program (tuning only).
+        tile_pages, num_warps (int): pages per program (default 32, 16 for groups over 4, 8 for ``chanlog``,
+            whose query is per page) and warps per program (tuning only).
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.

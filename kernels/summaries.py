@@ -4,8 +4,9 @@ Same math and storage formats as ``locks_engine/ops/summaries.py`` (the contract
 centroid, centered keys ``K_c``, Gram ``K_c K_c^T`` `[B, B]`, its eigenvectors by parallel Jacobi
 (``locks_kernels.eigh``), basis rows ``u_k^T K_c / |u_k^T K_c|`` for the ``r`` largest eigenvalues (rows with
 an eigenvalue under ``1e-6`` of the largest are zero: fp32 cannot tell them from rounding), then for the
-quantized formats int4 basis, least-squares coefficients against the stored basis through its pseudo-inverse
-(Newton-Schulz) and int8 coefficients. One program summarizes one page of one KV head.
+quantized formats int4 basis (``chanlog``: one log2-coded scale per channel, ``2 ** (ceil(4 log2(amax / 7)) / 4)``
+computed in fp32), least-squares coefficients against the stored basis through its pseudo-inverse (Newton-Schulz)
+and int8 coefficients. One program summarizes one page of one KV head.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from locks_engine.ops.paging import pages_per_block
 from locks_engine.ops.summaries import PageSummaries, allocate_page_summaries
 from locks_kernels.eigh import jacobi_eigh, sort_eigh_desc
 
-FORMAT_CODES = {"float": 0, "paper": 1, "colwise": 2}
+FORMAT_CODES = {"float": 0, "paper": 1, "colwise": 2, "chanlog": 3}
 MODE_KEYS, MODE_ALL, MODE_LAST = 0, 1, 2
 
 
@@ -78,6 +79,15 @@ def _summarize_page(
             q_v, s_v = _quantize(b_v, tl.max(tl.max(tl.abs(b_v), axis=1), axis=0), 7)
             tl.store(basis_scale_ptr + ph, s_v.to(tl.float16))
             b_vq = q_v * s_v
+        elif FMT == 3:
+            # one scale per channel as a log2 code, 2 ** (code / 4), rounded up: no entry clips
+            amax = tl.max(tl.abs(b_v), axis=0)  # [D]; rows >= r are zero
+            code = tl.ceil(4.0 * tl.log2(tl.maximum(amax / 7.0, 9.094947017729282e-13)))
+            code = tl.minimum(tl.maximum(code, -127.0), 127.0)
+            s_v = tl.exp2(code * 0.25)
+            q_v = tl.minimum(tl.maximum(_round_half_even(b_v / s_v[None, :]), -7.0), 7.0)
+            tl.store(basis_scale_ptr + ph * D + o_d, code.to(tl.int8))
+            b_vq = q_v * s_v[None, :]
         else:
             q_v, s_v = _quantize(b_v, tl.max(tl.abs(b_v), axis=1)[:, None], 7)
             tl.store(basis_scale_ptr + ph * R + idx[:, None], s_v.to(tl.float16), mask=row_r)

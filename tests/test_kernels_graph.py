@@ -2,6 +2,7 @@
 eager runs, also after the inputs change in place; the step equals the ops pipeline, and dense attention when
 the budget covers every page."""
 
+import pytest
 import torch
 
 import locks_kernels as lk
@@ -30,9 +31,13 @@ def _capture(step):
     return graph, outputs
 
 
-def test_decode_step_replays_equal_eager():
+FORMATS = ["chanlog", "colwise"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_step_replays_equal_eager(fmt):
     sc = _scenario()
-    cfg = LocksConfig(budget=256)
+    cfg = LocksConfig(budget=256, summary_format=fmt)
     lengths = sc.seq_lens.clone()
     prefill = sc.seq_lens - 1  # the step's token completes a page in sequences 0 and 2
     store = lk.build_cache_summaries(sc.k_cache, sc.block_table, prefill, cfg)
@@ -49,9 +54,10 @@ def test_decode_step_replays_equal_eager():
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"trial {trial}: replay != eager"
 
 
-def test_decode_step_matches_ops_pipeline():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_step_matches_ops_pipeline(fmt):
     sc = _scenario(groups=7, seed=1)
-    cfg = LocksConfig(budget=256)
+    cfg = LocksConfig(budget=256, summary_format=fmt)
     store = lk.build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
     out, lse = lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg, build=False)
     cpu = {k: v.cpu() for k, v in store.tensors().items()}

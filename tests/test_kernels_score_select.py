@@ -51,7 +51,7 @@ def test_scores_match_ops_fp32(fmt, groups, head_dim, lengths):
 
 
 @requires_bf16_dot
-@pytest.mark.parametrize("fmt", ["colwise", "paper"])
+@pytest.mark.parametrize("fmt", ["chanlog", "colwise", "paper"])
 @pytest.mark.parametrize("groups", [4, 16], ids=lambda g: f"gqa{g}")
 def test_scores_match_ops_bf16_query(fmt, groups):
     sc = make_scenario([16 * 70 + 5, 3000], num_kv_heads=2, groups=groups, head_dim=128, seed=5, key_offset=20.0)
@@ -59,11 +59,12 @@ def test_scores_match_ops_bf16_query(fmt, groups):
     _check_scores(sc, fmt, sc.q.bfloat16(), 1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["chanlog", "colwise"])
 @pytest.mark.parametrize("layer", [0, 12, 23], ids=lambda layer: f"L{layer}")
-def test_scores_on_real_keys(layer):
+def test_scores_on_real_keys(fmt, layer):
     sc = real_scenario(layer, num_tokens=2048 if ON_GPU else 200)
     cpu = type(sc)(*(t.cpu() for t in (sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens)), sc.page_size)
-    _check_scores(cpu, "colwise", cpu.q.half(), 1e-4)  # fp16 queries, as the fixture stores them
+    _check_scores(cpu, fmt, cpu.q.half(), 1e-4)  # fp16 queries, as the fixture stores them
 
 
 def _random_scores(seqs, heads, pmax, seq_lens, seed):

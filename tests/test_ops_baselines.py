@@ -61,7 +61,7 @@ def test_shared_rank_at_equal_bytes_spends_the_same_bytes():
     cfg = LocksConfig()
     num_pages = 512
     rank = shared_rank_at_equal_bytes(cfg, 64, num_pages)
-    target, _ = summary_bytes(16, 8, 64, "colwise")
+    target, _ = summary_bytes(16, 8, 64, cfg.summary_format)
     keys = torch.zeros(1, 16, 1, 64)
 
     def per_page(r):

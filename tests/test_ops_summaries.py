@@ -12,7 +12,7 @@ from locks_engine.ops import (
     score_pages,
     summary_bytes,
 )
-from locks_engine.ops.quant import pack_int4, unpack_int4
+from locks_engine.ops.quant import log2_scale, pack_int4, quantize_log2_scale, unpack_int4
 from tests.helpers import assert_close, make_scenario
 
 # The stated bound of build_page_summaries' docstring for quantized formats (see test below).
@@ -38,7 +38,7 @@ def _reconstruction(summaries):
     return centroid.unsqueeze(2) + coeffs @ basis  # [P, H, B, D]
 
 
-@pytest.mark.parametrize("fmt", ["paper", "colwise"])
+@pytest.mark.parametrize("fmt", ["paper", "colwise", "chanlog"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
 def test_quantized_score_error_within_stated_bounds(fmt, head_dim):
     """Two bounds on |s_quantized - s_float| at the same rank r = 8:
@@ -84,6 +84,7 @@ def test_summary_sizes_from_allocated_tensors(capsys):
     assert 0.09 <= rows["paper", 8] <= 0.12
     assert rows["paper", 2] < 0.05
     assert rows["colwise", 8] < 0.12
+    assert rows["chanlog", 8] < 0.13
     assert rows["float", 8] > 0.5
 
 
@@ -106,3 +107,69 @@ def test_bad_keys_shape_is_rejected():
         build_page_summaries(torch.zeros(2, 8, 1, 64), LocksConfig())
     with pytest.raises(ValueError, match="head dim 63 must be even"):
         build_page_summaries(torch.zeros(2, 16, 1, 63), LocksConfig())
+
+
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("rank", [1, 8, 16], ids=lambda r: f"r{r}")
+def test_chanlog_bytes_from_allocated_tensors(head_dim, rank):
+    """fp16 centroid ``2D``, int4 basis ``rD/2``, one log2 code per channel ``D``, int8 coefficients ``Br``,
+    fp16 coefficient scales ``2r``: 1,040 B at B=16, r=8, D=128 (12.7% of bf16 K+V), 592 B at D=64."""
+    summary, kv = summary_bytes(16, rank, head_dim, "chanlog", torch.bfloat16)
+    assert summary == 2 * head_dim + rank * head_dim // 2 + head_dim + 16 * rank + 2 * rank
+    assert kv == 2 * 16 * head_dim * 2
+    if rank == 8:
+        assert summary == {64: 592, 128: 1040}[head_dim]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("spread", [1e-3, 1.0, 300.0], ids=["small", "unit", "large"])
+def test_log2_scale_quantization_never_clips_and_is_within_half_a_step(seed, spread):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(5, 3, 8, 64, generator=gen, dtype=torch.float64) * spread
+    x *= torch.logspace(-3, 2, 64, dtype=torch.float64)  # channels of very different sizes
+    x[0, 0, :, 5] = 0.0  # an all-zero channel
+    q, code = quantize_log2_scale(x, (-2,), 4)
+    assert q.dtype == torch.int8 and code.dtype == torch.int8 and code.shape == (5, 3, 1, 64)
+    scale = log2_scale(code).double()
+    amax = x.abs().amax(dim=-2, keepdim=True)
+    assert q.abs().max() <= 7
+    live = amax > 1e-9
+    # rounded up (no entry clips), by less than one step of 2 ** (1/4)
+    assert (scale[live] * 7 >= amax[live] * (1 - 1e-6)).all()
+    assert (scale[live] * 7 < amax[live] * 2**0.25 * (1 + 1e-6)).all()
+    assert ((q.double() * scale - x).abs() <= scale / 2 * (1 + 1e-6)).all()
+    assert (q[0, 0, :, 5] == 0).all()
+
+
+def test_chanlog_round_trip_error_bound():
+    """The dequantized basis is within half a step of each channel's scale of the fp64 basis (up to the
+    sign of each direction), and the reconstruction is as close to the keys as colwise's or closer."""
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(8, 16, 2, 64, generator=gen) * torch.logspace(-2, 1, 64)
+    keys[..., 3] += 40.0  # a large near-constant channel
+    summaries = build_page_summaries(keys, LocksConfig(summary_format="chanlog"))
+    exact = build_page_summaries(keys, LocksConfig(summary_format="float"))
+    _, basis, _ = summaries.dequantize()
+    step = log2_scale(summaries.basis_scale)  # [P, H, 1, D]
+    ref = exact.basis * torch.sign((basis * exact.basis).sum(-1, keepdim=True))  # eigenvector signs are arbitrary
+    # the centroid is rounded to fp16 first: the basis of the fp16-centered keys moves by about 1e-3
+    assert ((basis - ref).abs() <= step / 2 + 2e-3).all()
+    err = {}
+    for fmt in ("chanlog", "colwise"):
+        rebuilt = _reconstruction(build_page_summaries(keys, LocksConfig(summary_format=fmt)))
+        err[fmt] = (rebuilt - _reconstruction(exact)).norm() / _reconstruction(exact).norm()
+    assert err["chanlog"] < 0.04 and err["chanlog"] <= err["colwise"], err
+
+
+@pytest.mark.parametrize("groups", [1, 7], ids=lambda g: f"gqa{g}")
+def test_chanlog_scores_fold_the_scale_into_the_query(groups):
+    """``score_pages`` computes ``V q`` as ``U_int (s * q)``: equal to Eq. 2 on the dequantized summaries."""
+    sc = make_scenario([100, 333], num_kv_heads=2, groups=groups, head_dim=64, seed=7, key_offset=20.0)
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, LocksConfig(summary_format="chanlog"))
+    folded = score_pages(sc.q, store, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
+    centroid, basis, coeffs = store.dequantize()
+    plain = type(store)("float", centroid, basis, coeffs)
+    ref = score_pages(sc.q, plain, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
+    assert torch.equal(torch.isinf(folded), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert_close("chanlog scores", ref[finite], folded[finite], 1e-6)

@@ -55,3 +55,34 @@ def unpack_int4(packed: Tensor) -> Tensor:
     low = (packed & 0xF).to(torch.int8) - 8
     high = (packed >> 4).to(torch.int8) - 8
     return torch.stack((low, high), dim=-1).flatten(-2)
+
+
+#: Steps per octave of a log2 scale code: ``scale = 2 ** (code / LOG2_STEPS)``.
+LOG2_STEPS = 4
+
+
+def log2_scale(code: Tensor) -> Tensor:
+    """fp32 scale ``2 ** (code / 4)`` of int8 log2 codes (any shape)."""
+    return torch.exp2(code.float() / LOG2_STEPS)
+
+
+def quantize_log2_scale(x: Tensor, dims: tuple[int, ...], bits: int) -> tuple[Tensor, Tensor]:
+    """Round ``x`` to ``bits``-bit signed integers with one scale per slice over ``dims``, stored as a 1-byte
+    log2 code: ``scale = 2 ** (code / 4)``, ``code = ceil(4 log2(amax / qmax))``, so the scale is rounded up
+    (at most 19% above ``amax / qmax``) and no entry clips.
+
+    Args:
+        x (Tensor): float tensor of any shape.
+        dims (tuple[int, ...]): dimensions that share one scale (reduced by ``amax``).
+        bits (int): 8 or 4; values are kept in ``[-(2**(bits-1) - 1), 2**(bits-1) - 1]``.
+    Returns:
+        tuple: ``(q, code)``: ``q`` int8 of ``x``'s shape; ``code`` int8 in ``[-127, 127]`` with ``dims`` kept
+        as size 1 (an all-zero slice gets -127 and dequantizes to exact zeros). ``q * log2_scale(code)``
+        reconstructs ``x`` to within ``scale / 2 <= 0.6 amax / qmax`` per element.
+    """
+    qmax = 2 ** (bits - 1) - 1
+    amax = x.abs().amax(dim=dims, keepdim=True).double()
+    code = torch.ceil(LOG2_STEPS * torch.log2((amax / qmax).clamp_min(2.0**-40))).clamp(-127, 127)
+    code = code.to(torch.int8)
+    q = torch.round(x.double() / log2_scale(code).double()).clamp(-qmax, qmax).to(torch.int8)
+    return q, code
