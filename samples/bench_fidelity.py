@@ -7,10 +7,11 @@ decode positions spread over the last eighth of each context (a 32K pass serves 
 causal). Then, per context, layer and KV head, every selector at every budget (a fraction of the context's
 16-token pages; sink, last and previous page always read, as in the backend) and rank:
 
-- ``locks-colwise`` (the default format), ``locks-paper`` (the paper's int8/int4 format), ``locks-float``
-  (unquantized), ``locks-colwise-hadamard`` (proposal: colwise on keys rotated by a fixed Hadamard matrix);
+- ``locks`` (the default format, ``chanlog``), ``locks-colwise`` (the previous default), ``locks-paper`` (the
+  paper's int8/int4 format), ``locks-float`` (unquantized), ``locks-colwise-hadamard`` (colwise on keys rotated by
+  a fixed Hadamard matrix);
 - ``quest`` (fp16 channel min/max), ``shared`` (one rank-r basis per KV head fitted on these very keys, equal
-  rank), ``shared-bytes`` (its rank raised to the bytes of ``locks-colwise`` at rank r), ``window``.
+  rank), ``shared-bytes`` (its rank raised to the bytes of ``locks`` at rank r), ``window``.
 
 Measures (``locks_engine.fidelity``): attention mass kept / the oracle's (median, mean, per-layer minimum of the
 mean), top-k recall of the oracle's pages, relative error of the attention output vs dense, bytes per page.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shlex
 import sys
@@ -59,14 +61,15 @@ def hadamard(dim: int) -> torch.Tensor | None:
 
 def selector_grid(ranks: list[int], dim: int) -> list[dict]:
     """(name, selector, format, rank) of every selector measured; rank 0 for rank-free selectors."""
-    grid = []
+    grid, default = [], LocksConfig().summary_format
     for rank in ranks:
+        grid.append({"name": "locks", "selector": "locks", "format": default, "rank": rank})
         for fmt in ("colwise", "paper", "float"):
             grid.append({"name": f"locks-{fmt}", "selector": "locks", "format": fmt, "rank": rank})
         if hadamard(dim) is not None:
             grid.append({"name": "locks-colwise-hadamard", "selector": "locks", "format": "colwise", "rank": rank})
         grid.append({"name": "shared", "selector": "shared", "format": "colwise", "rank": rank})
-        grid.append({"name": "shared-bytes", "selector": "shared-bytes", "format": "colwise", "rank": rank})
+        grid.append({"name": "shared-bytes", "selector": "shared-bytes", "format": default, "rank": rank})
     grid.append({"name": "oracle", "selector": "oracle", "format": "colwise", "rank": 0})
     grid.append({"name": "quest", "selector": "quest", "format": "colwise", "rank": 0})
     grid.append({"name": "window", "selector": "window", "format": "colwise", "rank": 0})
@@ -199,7 +202,8 @@ def main(argv=None) -> int:
     command = public_command(argv if argv is not None else sys.argv[1:])
     header = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.platform()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()}-core CPU, {torch.get_num_threads()} torch threads, "
+                   f"{platform.platform()}",
         "runtime_s": round(time.perf_counter() - start),
     }
     summary, full = summarize(rows, header, metas, vars(args))
