@@ -23,8 +23,8 @@ def _store_on_device(store):
     return PageSummaries(store.summary_format, **{k: v.to(DEVICE) for k, v in store.tensors().items()})
 
 
-def _check_scores(sc, fmt, q, tolerance):
-    cfg = LocksConfig(summary_format=fmt)
+def _check_scores(sc, fmt, q, tolerance, rank=8):
+    cfg = LocksConfig(summary_format=fmt, rank=rank)
     store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
     ref = score_pages(q.float(), store, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
     dev = on_device(sc)
@@ -48,6 +48,14 @@ def test_scores_match_ops_fp32(fmt, groups, head_dim, lengths):
     sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=head_dim, seed=groups, key_offset=20.0)
     # quantized formats multiply in fp16 on the tensor cores: an fp32 query is rounded to 11 bits
     _check_scores(sc, fmt, sc.q, 1e-5 if fmt == "float" else 1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["chanlog", "colwise"])
+@pytest.mark.parametrize("rank", [1, 5, 16], ids=lambda r: f"r{r}")
+def test_scores_match_ops_at_other_ranks(fmt, rank):
+    # ranks that are not a power of two, and one that fills the 16 rows a matrix-unit product needs
+    sc = make_scenario([200, 77], num_kv_heads=2, groups=4, head_dim=64, seed=rank, key_offset=20.0)
+    _check_scores(sc, fmt, sc.q, 1e-3, rank)
 
 
 @requires_bf16_dot
