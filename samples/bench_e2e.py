@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from locks_engine.config import LocksConfig
 from locks_engine.vllm_backend.probes import install_probes, read_probes, reset_probes
 
 LLAMA_8B = {
@@ -106,7 +107,10 @@ def run_engine(args: argparse.Namespace) -> dict:
     kv_bytes = int(need_tokens * per_token * 1.02) + (1 << 30)
     extra = {}
     if locks:
-        extra = {"locks": {"budget": args.budget, "rank": args.rank}, "locks_device_counters": True}
+        locks_cfg = {"budget": args.budget, "rank": args.rank}
+        if args.summary_format:
+            locks_cfg["summary_format"] = args.summary_format
+        extra = {"locks": locks_cfg, "locks_device_counters": True}
     capture = sorted({1, *batches.values()})
     start = time.perf_counter()
     llm = LLM(
@@ -122,6 +126,7 @@ def run_engine(args: argparse.Namespace) -> dict:
     result = {
         "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
         "budget": args.budget if locks else None, "rank": args.rank if locks else None,
+        "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
         "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
     }
@@ -137,6 +142,21 @@ def run_engine(args: argparse.Namespace) -> dict:
             print(json.dumps({k: v for k, v in cell.items() if k != "tpot_ms_reps"}), flush=True)
         save_result(args, result)  # after every cell: a timed-out engine keeps what it measured
     return result
+
+
+def merge_probes(per_rank: list[dict]) -> dict:
+    """One ``read_probes`` dict from every tensor-parallel rank's: summary bytes and pages (each rank holds its
+    own KV heads) add up; decode rows, eager calls and build times are rank 0's (every rank runs every step)."""
+    merged = dict(per_rank[0])
+    merged["summary_bytes"] = sum(p["summary_bytes"] for p in per_rank)
+    counters = [p["device_counters"] for p in per_rank if p["device_counters"]]
+    if counters:
+        merged["device_counters"] = {
+            "decode_rows": counters[0]["decode_rows"],
+            "pages_read": sum(c["pages_read"] for c in counters),
+            "pages_total": sum(c["pages_total"] for c in counters),
+        }
+    return merged
 
 
 def save_result(args: argparse.Namespace, result: dict) -> None:
@@ -172,7 +192,7 @@ def measure(llm, SamplingParams, np, ctx: int, batch: int, n1: int, n2: int, arg
         short = generate(n1)
         long = generate(n2)
         reps.append((long - short) / (n2 - n1) * 1e3)
-    probes = llm.apply_model(read_probes)[0]
+    probes = merge_probes(llm.apply_model(read_probes))
     steps = args.reps * (n1 + n2)  # decode steps of the timed generations (first token of each is prefill)
     cell.update({
         "tpot_ms": round(statistics.median(reps), 3),
@@ -221,6 +241,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of the (n1, n2) pair")
     parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget (tokens)")
     parser.add_argument("--rank", type=int, default=8, help="LOCKS summary rank")
+    parser.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
@@ -291,6 +312,7 @@ def engine_name(shape: str, layers, backend: str, tp: int) -> str:
 def child_args(args: argparse.Namespace) -> list[str]:
     return ["--shape", args.shape, "--contexts", args.contexts, "--batch", args.batch, "--decode", args.decode,
             "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
+            "--summary-format", args.summary_format,
             "--seed", str(args.seed), "--out", args.out, *(["--eager"] if args.eager else [])]
 
 
@@ -350,7 +372,7 @@ def summarize(args: argparse.Namespace) -> int:
         dc = dense[1] if dense else {}
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],
-            "dense_tpot_ms": dc.get("tpot_ms"), "locks_tpot_ms": c["tpot_ms"],
+            "summary_format": r.get("summary_format"), "dense_tpot_ms": dc.get("tpot_ms"), "locks_tpot_ms": c["tpot_ms"],
             "dense_prefill_s": dc.get("prefill_s"), "locks_prefill_s": c.get("prefill_s"),
             "pages_read_frac": c.get("pages_read_frac"), "layers": layers, "extrapolated": False,
         }
@@ -446,6 +468,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(f"{shape}, {layers} layers")
         ax.legend()
         ax.set_ylim(bottom=0)
+        ax.margins(x=0.1, y=0.15)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

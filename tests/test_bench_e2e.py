@@ -1,0 +1,136 @@
+"""The end-to-end benchmark's bookkeeping (``samples/bench_e2e.py``) and the backend's device counters.
+
+The benchmark itself needs a GPU; here: the device counters count what the selection read, the per-rank merge,
+the summary in the issue's format, and the depth fit (per-layer slope, fixed cost, extrapolated full depth).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from locks_engine import LocksConfig
+from locks_engine.vllm_backend.impl import DeviceCounters
+from locks_engine.vllm_backend.probes import read_probes
+from tests.test_vllm_backend_scenarios import H, SCENARIOS, Run
+
+ROOT = Path(__file__).resolve().parents[1]
+ROW_KEYS = {"shape", "context", "batch", "budget", "rank", "dense_tpot_ms", "locks_tpot_ms", "dense_prefill_s",
+            "locks_prefill_s", "pages_read_frac", "layers", "extrapolated"}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_e2e", ROOT / "samples" / "bench_e2e.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_device_counters_count_the_pages_selected() -> None:
+    """A decode step at budget 64 tokens (4 pages): each decode row reads min(4, its pages) per KV head."""
+    batch = SCENARIOS["medium_decode"]
+    cfg = LocksConfig(budget=64)
+    run = Run(batch, cfg, torch.float32)
+    run.impl.counters = DeviceCounters()
+    run.prefill_context()
+    assert run.impl.counters.totals() == {"decode_rows": 0, "pages_read": 0, "pages_total": 0}
+    run.scenario_step()
+    decodes = [n for n, q in zip(batch.seq_lens, batch.query_lens) if q == 1]
+    pages = [-(-n // cfg.page_size) for n in decodes]
+    assert len(decodes) > 1 and max(pages) > 4
+    totals = run.impl.counters.totals()
+    assert totals == {"decode_rows": len(decodes), "pages_read": H * sum(min(4, p) for p in pages),
+                      "pages_total": H * sum(pages)}
+    run.impl.counters.reset()
+    assert run.impl.counters.totals()["pages_read"] == 0
+
+
+def test_read_probes_reads_counters_and_summary_bytes() -> None:
+    batch = SCENARIOS["medium_decode"]
+    run = Run(batch, LocksConfig(budget=64), torch.float32)
+    run.impl.counters = DeviceCounters()
+    run.prefill_context()
+    run.scenario_step()
+    layer = torch.nn.Module()
+    layer.impl = run.impl
+    model = torch.nn.Sequential(layer)
+    first = read_probes(model, reset=True)
+    assert first["attention_layers"] == 1
+    assert first["summary_bytes"] == run.impl._store.nbytes > 0
+    assert first["device_counters"]["pages_read"] > 0
+    assert read_probes(model)["device_counters"] is None  # reset: no decode rows since
+
+
+def test_merge_probes_adds_the_ranks_heads(bench) -> None:
+    rank = {"eager_decode_calls": 0, "build_calls": 10, "build_s": 0.001, "summary_bytes": 100,
+            "attention_layers": 2, "device_counters": {"decode_rows": 5, "pages_read": 40, "pages_total": 400}}
+    merged = bench.merge_probes([rank, {**rank, "build_s": 0.5}])
+    assert merged["summary_bytes"] == 200
+    assert merged["device_counters"] == {"decode_rows": 5, "pages_read": 80, "pages_total": 800}
+    assert merged["build_s"] == 0.001
+
+
+def test_parse_batches(bench) -> None:
+    assert bench.parse_batches("131072:6, 262144:3") == {131072: 6, 262144: 3}
+    assert bench.parse_batches("") == {}
+
+
+def cell(ctx: int, tpot: float, batch: int = 1, **extra) -> dict:
+    return {"context": ctx, "batch": batch, "tpot_ms": tpot, "tpot_ms_min": tpot - 0.1, "tpot_ms_max": tpot + 0.1,
+            "decode_tok_s": batch * 1e3 / tpot, "eager_decode_calls_per_layer": 0,
+            "metadata_build_us_per_step": 100.0, "summary_bytes": 0, **extra}
+
+
+def result(shape: str, layers: int, backend: str, cells: list[dict]) -> dict:
+    locks = backend == "locks"
+    return {"shape": shape, "layers": layers, "backend": backend, "tp": 1, "budget": 2048 if locks else None,
+            "rank": 8 if locks else None, "summary_format": "chanlog" if locks else None, "engine_start_s": 1.0,
+            "cells": cells}
+
+
+def test_summarize_writes_the_issue_rows_and_the_depth_fit(bench, tmp_path) -> None:
+    runs = [
+        result("llama3.1-8b", 32, "flash", [cell(131072, 9.0, prefill_s=10.0), cell(131072, 36.0, batch=6)]),
+        result("llama3.1-8b", 32, "locks", [cell(131072, 4.5, prefill_s=10.3, pages_read_frac=0.016),
+                                            cell(131072, 12.0, batch=6, pages_read_frac=0.016),
+                                            {"context": 262144, "batch": 1, "skipped": "--time-limit"}]),
+        # 1M on the 40-layer shape at 4 and 8 layers: dense 4 + 0.25 L ms, LOCKS 3.5 + 0.125 L ms
+        result("glm4-9b-1m", 4, "flash", [cell(1 << 20, 5.0)]),
+        result("glm4-9b-1m", 8, "flash", [cell(1 << 20, 6.0)]),
+        result("glm4-9b-1m", 4, "locks", [cell(1 << 20, 4.0, pages_read_frac=0.002)]),
+        result("glm4-9b-1m", 8, "locks", [cell(1 << 20, 4.5, pages_read_frac=0.002)]),
+    ]
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for i, r in enumerate(runs):
+        (folder / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    meta = json.dumps({"gpu": "H200", "date": "2026-11-29", "vllm": "0.26.0", "command": "bench"})
+    args = bench.argparse.Namespace(summarize=[str(folder)], json=str(out), meta=meta)
+    assert bench.summarize(args) == 0
+    summary = json.loads(out.read_text())
+    assert {summary[k] for k in ("gpu", "date", "vllm", "command")} == {"H200", "2026-11-29", "0.26.0", "bench"}
+    rows = summary["rows"]
+    assert all(ROW_KEYS <= set(r) for r in rows)
+    by = {(r["shape"], r["layers"], r["context"], r["batch"], r["extrapolated"]): r for r in rows}
+    single = by[("llama3.1-8b", 32, 131072, 1, False)]
+    assert (single["dense_tpot_ms"], single["locks_tpot_ms"], single["speedup"]) == (9.0, 4.5, 2.0)
+    assert (single["dense_prefill_s"], single["locks_prefill_s"], single["pages_read_frac"]) == (10.0, 10.3, 0.016)
+    assert by[("llama3.1-8b", 32, 131072, 6, False)]["speedup"] == 3.0
+    assert ("llama3.1-8b", 32, 262144, 1, False) not in by  # skipped cells make no row
+    fit = by[("glm4-9b-1m", 40, 1 << 20, 1, True)]
+    assert fit["dense_tpot_ms"] == pytest.approx(14.0) and fit["locks_tpot_ms"] == pytest.approx(8.5)
+    assert fit["fit"]["per_layer_ratio"] == pytest.approx(2.0)
+    assert fit["fit"]["dense_fixed_ms"] == pytest.approx(4.0) and fit["fit"]["locks_fixed_ms"] == pytest.approx(3.5)
+    assert json.loads((tmp_path / "e2e_full.json").read_text())[0]["shape"] == "llama3.1-8b"
+
+
+def test_summarize_without_results_fails(bench, tmp_path, capsys) -> None:
+    args = bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(tmp_path / "e2e.json"), meta="")
+    assert bench.summarize(args) == 2
+    assert "no result-*.json" in capsys.readouterr().err
