@@ -72,6 +72,22 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     )
 
 
+def fitting_prompt(
+    engine: Any, document: Document, questions: list[str], answers: list[str] = (), max_tokens: int = 256
+) -> Prompt:
+    """The prompt for ``questions`` (and earlier ``answers``), refused when it leaves no ``max_tokens`` of room.
+
+    Args:
+        engine: a :class:`ChatEngine`, or a :class:`locks_chat.engine.ModelTokenizer` to check before the engine
+            starts (same tokenizer, same template: the same count).
+    Raises:
+        ContextError: see :func:`check_fits`.
+    """
+    prompt = build_prompt(engine.tokenizer, document, questions, list(answers))
+    check_fits(prompt, document, engine.max_context, max_tokens)
+    return prompt
+
+
 def ask(
     engine: ChatEngine,
     document: Document,
@@ -88,8 +104,7 @@ def ask(
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
         in the engine).
     """
-    prompt = build_prompt(engine.tokenizer, document, questions, list(answers))
-    check_fits(prompt, document, engine.max_context, max_tokens)
+    prompt = fitting_prompt(engine, document, questions, answers, max_tokens)
     parts: list[str] = []
     log = ReadingLog()
     first_s = last_s = None

@@ -1,4 +1,5 @@
-"""The ``ask`` command's body: load, start the engine, stream, report (kept apart from the Typer wiring)."""
+"""The ``ask`` command's body: load, check the fit, start the engine, stream, report (kept apart from the Typer
+wiring)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def run_ask(
     dense: bool, max_tokens: int, context: int | None, json_out: bool, console: Console,
 ) -> None:
     """Run ``locks-chat ask``; raises :class:`LocksChatError` subclasses for everything a user can fix."""
-    from locks_chat.ask import ask
-    from locks_chat.engine import open_engine
+    from locks_chat.ask import ask, fitting_prompt
+    from locks_chat.engine import open_engine, open_tokenizer
     from locks_chat.ingest import load_document, rich_progress
 
     if not question.strip():
@@ -36,6 +37,11 @@ def run_ask(
         document = load_document(doc, password=password, pages=pages, progress=progress)
     for warning in document.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    # the engine's own check (in ask) stays the authoritative one; this one spares a start that cannot help
+    with console.status("Counting the document's tokens..."):
+        counted = open_tokenizer(model, context)
+        if counted is not None:
+            fitting_prompt(counted, document, [question], max_tokens=max_tokens)
     with console.status("Starting the engine (vLLM + LOCKS)..."):
         engine = open_engine(model, cfg, context)
     try:

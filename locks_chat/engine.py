@@ -1,4 +1,5 @@
-"""The engine as the app sees it: a protocol (so tests can script a fake) and the factory for the real one.
+"""The engine as the app sees it: a protocol (so tests can script a fake), the factory for the real one, and the
+model's tokenizer without the engine, to refuse a document that cannot fit before a 15-75 s engine start.
 
 ``import locks_chat`` starts nothing and imports no vLLM: :func:`open_engine` does, when called.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from locks_chat.errors import EngineError
@@ -53,3 +55,53 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
         return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len))
     except (ModelError, EngineStartError) as err:
         raise EngineError(str(err)) from err
+
+
+@dataclass(frozen=True)
+class ModelTokenizer:
+    """What the context check needs of an engine (``tokenizer``, ``max_context``), known before it starts."""
+
+    tokenizer: Any
+    """the tokenizer vLLM loads for the model (``AutoTokenizer`` on its directory), chat template included"""
+    max_context: int
+    """``--context`` when given, else an upper bound on the context vLLM derives for the model (never below it)"""
+
+
+# Mistral-format tokenizers: vLLM does not use the Hugging Face tokenizer for these
+MISTRAL_TOKENIZER_FILES = ("tekken.json", "tokenizer.model.v*")
+
+
+def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool = True) -> ModelTokenizer | None:
+    """The model's tokenizer and context as the engine will have them, without starting it (a few seconds).
+
+    Args:
+        model (str | None): the ``--model`` value, as :func:`open_engine` takes it.
+        max_model_len (int | None): ``--context``; ``None``: the model's own.
+        convert (bool): convert the built-in model now if it is not yet (else return ``None`` for it).
+    Returns:
+        ModelTokenizer | None: ``None`` when the answer has to wait for the engine: a hub id, a Mistral-format
+        tokenizer, a config without a context length, or a tokenizer that does not load (the engine says why).
+    Raises:
+        EngineError: the model cannot be found or converted (what :func:`open_engine` would raise).
+    """
+    from locks_engine.models import ModelError, context_upper_bound, local_model_dir
+
+    try:
+        model_dir = local_model_dir(model, convert)
+    except ModelError as err:
+        raise EngineError(str(err)) from err
+    if model_dir is None or any(any(model_dir.glob(name)) for name in MISTRAL_TOKENIZER_FILES):
+        return None
+    max_context = max_model_len if max_model_len and max_model_len > 0 else context_upper_bound(model_dir)
+    if max_context is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    # the check is an early answer only: whatever stops the tokenizer here, the engine's start reports
+    except Exception:  # noqa: BLE001
+        return None
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    return ModelTokenizer(tokenizer, int(max_context))

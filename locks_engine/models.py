@@ -33,6 +33,11 @@ BUILTIN_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_DIR_NAME = "SmolLM2-135M-Instruct-Q4_1-hf-v1"
 #: What to run when a package is missing (the README's install command does all of it).
 INSTALL_HINT = "run the install command from the README"
+#: ``config.json`` keys vLLM reads a model's context length from (``derive_max_model_len_and_key``).
+CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)
 
 
 class ModelError(Exception):
@@ -108,10 +113,66 @@ def builtin_model_dir() -> Path:
     Raises:
         ModelError: see ``builtin_gguf_path`` and ``convert_gguf``.
     """
-    target = cache_home() / "models" / BUILTIN_DIR_NAME
+    target = builtin_target()
     if (target / "config.json").is_file():
         return target
     return convert_gguf(builtin_gguf_path(), target)
+
+
+def builtin_target() -> Path:
+    """Where the built-in model's converted directory is (or will be, once converted)."""
+    return cache_home() / "models" / BUILTIN_DIR_NAME
+
+
+def local_model_dir(name_or_path: str | None, convert: bool = True) -> Path | None:
+    """The local directory :func:`resolve_model` gives for ``name_or_path``; ``None`` for a hub id, and for the
+    built-in model before its conversion when ``convert`` is false.
+
+    Raises:
+        ModelError: see :func:`resolve_model`.
+    """
+    if not convert and (name_or_path is None or name_or_path in BUILTIN_NAMES):
+        if not (builtin_target() / "config.json").is_file():
+            return None
+    resolved = resolve_model(name_or_path)
+    return resolved if isinstance(resolved, Path) else None
+
+
+def context_upper_bound(model_dir: Path) -> int | None:
+    """The most context (tokens) vLLM can give the model in ``model_dir`` when no ``max_model_len`` is set.
+
+    vLLM takes the smallest of the lengths that ``config.json`` states under :data:`CONTEXT_KEYS`, lowers it to
+    the tokenizer's ``model_max_length`` and raises it by the RoPE scaling factor of some RoPE types
+    (``vllm/config/model.py``, ``_get_and_verify_max_len``). This takes the largest length times the largest
+    factor: never below vLLM's value, so a prompt refused against it would be refused by the engine too.
+
+    Returns:
+        int | None: the bound; ``None`` when ``config.json`` is unreadable or states no length.
+    """
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    configs = [c for c in (config, config.get("text_config")) if isinstance(c, dict)]
+    lengths = [c[k] for c in configs for k in CONTEXT_KEYS if _is_number(c.get(k))]
+    if not lengths:
+        return None
+    factors = [f for c in configs for k in ("rope_scaling", "rope_parameters") for f in _factors(c.get(k))]
+    return int(max(lengths) * max([1.0, *factors]))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _factors(rope: object) -> list[float]:
+    """Every ``factor`` in a RoPE configuration (one dict, or one per layer type)."""
+    if not isinstance(rope, dict):
+        return []
+    found = [rope["factor"]] if _is_number(rope.get("factor")) else []
+    return found + [f for value in rope.values() for f in _factors(value)]
 
 
 def convert_gguf(gguf_path: Path, target: Path, dtype: str = "bfloat16") -> Path:

@@ -4,6 +4,7 @@ and the built-in model (about a minute: one engine start)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -65,3 +66,25 @@ def test_ask_returns_the_fact_and_reads_its_page(fact_pdf, model_dir):
     assert 0 < stats["kv_pages_read_fraction"] < 1, "LOCKS read fewer KV pages than the prompt has"
     assert stats["kv_bytes_read"] < stats["kv_bytes_dense"]
     assert str(FACT_PAGE) in {p["page"] for p in stats["document_pages_read"]}, "the carrier page was read"
+    # the count made before the engine starts is the engine's own
+    from locks_chat.engine import open_tokenizer
+    from locks_chat.ingest import load_document
+    from locks_chat.prompt import build_prompt
+
+    counted = open_tokenizer(model_dir, None)
+    assert counted is not None and counted.max_context == 8192
+    prompt = build_prompt(counted.tokenizer, load_document(fact_pdf), [QUESTION])
+    assert len(prompt.token_ids) == stats["prompt_tokens"]
+
+
+def test_a_document_that_cannot_fit_is_refused_before_the_engine_starts(fact_pdf, model_dir, tmp_path):
+    blocked = tmp_path / "blocked" / "vllm"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('the engine must not start')")
+    command = [sys.executable, "-m", "locks_chat.cli", "ask", str(fact_pdf), QUESTION, "--model", model_dir,
+               "--context", "300"]
+    env = {**os.environ, "PYTHONPATH": str(blocked.parent)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=fact_pdf.parent, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()
+    assert "do not fit the model's 300-token context; pass --pages" in line

@@ -4,11 +4,12 @@ import threading
 
 import pytest
 
-from locks_chat.errors import Cancelled, EngineError
+from locks_chat.engine import ModelTokenizer
+from locks_chat.errors import Cancelled, ContextError, EngineError
 from locks_chat.sessions import SessionStore
 from locks_chat.settings import Settings
 from locks_chat.tui.book_chat import BookChat, ChatOptions
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, WordTokenizer
 from tests.tui_support import Factory, GatedEngine, write_book
 
 
@@ -82,3 +83,30 @@ def test_timings_of_the_slow_phases_are_kept_for_the_next_etas(tmp_path):
     assert load_timings().engine_start_s == 42.0
     timings_path().write_text("{not json")
     assert load_timings().engine_start_s is None
+
+
+def test_a_document_that_cannot_fit_is_refused_before_the_engine_starts(tmp_path):
+    calls = []
+
+    def counted(model, max_model_len):
+        calls.append((model, max_model_len))
+        return ModelTokenizer(WordTokenizer(), 300)
+
+    factory = Factory()
+    settings = Settings(context=300, max_tokens=64)
+    chat = BookChat(write_book(tmp_path), ChatOptions(settings=settings), factory, tokenizer_factory=counted)
+    chat.open_session()
+    chat.load(None)
+    with pytest.raises(ContextError, match="do not fit the model's 300-token context; pass --pages"):
+        chat.check_fits()
+    chat.load("1")
+    chat.check_fits("What is the password?")
+    assert calls == [(None, 300)] and factory.calls == []
+
+
+def test_a_scripted_engine_is_not_checked_with_the_real_models_tokenizer(tmp_path):
+    chat = BookChat(write_book(tmp_path), ChatOptions(), Factory(FakeEngine(max_context=10)))
+    chat.open_session()
+    chat.load(None)
+    chat.check_fits()
+    assert chat.tokenizer_factory is None

@@ -7,8 +7,9 @@ from typer.testing import CliRunner
 
 import locks_chat.engine
 from locks_chat.cli import app
+from locks_chat.engine import ModelTokenizer
 from locks_chat.errors import EngineError
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, WordTokenizer
 
 runner = CliRunner()
 
@@ -18,6 +19,29 @@ def book(tmp_path):
     path = tmp_path / "book.txt"
     path.write_text("The keeper's password is BLUE.\n\n" + "Filler text about the sea. " * 50, encoding="utf-8")
     return path
+
+
+class Tokenizer:
+    """``open_tokenizer`` without a model: no early count while ``max_context`` is 0 (the engine's count decides)."""
+
+    def __init__(self) -> None:
+        self.max_context = 0
+        self.calls: list = []
+
+    def __call__(self, model, max_model_len, convert=True):
+        self.calls.append((model, max_model_len))
+        return ModelTokenizer(WordTokenizer(), self.max_context) if self.max_context else None
+
+
+@pytest.fixture(autouse=True)
+def tokenizer(monkeypatch):
+    counter = Tokenizer()
+    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", counter)
+    return counter
+
+
+def engine_started(*args, **kwargs):
+    pytest.fail("the engine was started")
 
 
 @pytest.fixture
@@ -79,6 +103,41 @@ def test_document_that_does_not_fit_exits_2(book, engine):
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 2
     assert "do not fit the model's 300-token context" in result.stderr and "--pages" in result.stderr
+
+
+def test_document_that_cannot_fit_is_refused_before_the_engine_starts(book, engine, tokenizer, monkeypatch):
+    engine.max_context = 300
+    after_start = runner.invoke(app, ["ask", str(book), "q", "--context", "300"])
+    assert after_start.exit_code == 2 and len(engine.calls) == 1
+    tokenizer.max_context = 300
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    before_start = runner.invoke(app, ["ask", str(book), "q", "--context", "300"])
+    assert before_start.exit_code == 2
+    assert before_start.stderr == after_start.stderr, "the early refusal says what the engine's would"
+    assert "do not fit the model's 300-token context" in before_start.stderr and "--pages" in before_start.stderr
+    assert len(before_start.stderr.strip().splitlines()) == 1 and "Traceback" not in before_start.output
+    assert tokenizer.calls[-1] == (None, 300)
+
+
+def test_document_that_fits_exactly_starts_the_engine(book, engine, tokenizer):
+    from locks_chat.ask import fitting_prompt
+    from locks_chat.ingest import load_document
+
+    prompt = fitting_prompt(engine, load_document(book), ["q"], max_tokens=16)
+    tokenizer.max_context = engine.max_context = len(prompt.token_ids) + 16
+    result = runner.invoke(app, ["ask", str(book), "q", "--max-tokens", "16"])
+    assert result.exit_code == 0, result.output
+    assert len(engine.calls) == 1 and engine.prompts == [prompt.token_ids]
+
+
+def test_unknown_model_is_an_engine_error_before_the_engine_starts(book, monkeypatch):
+    def open_tokenizer(model, max_model_len, convert=True):
+        raise EngineError(f"no such model directory: {model}")
+
+    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", open_tokenizer)
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    result = runner.invoke(app, ["ask", str(book), "q", "--model", "./nowhere"])
+    assert result.exit_code == 3 and "no such model directory: ./nowhere" in result.stderr
 
 
 def test_engine_failure_exits_3(book, monkeypatch):

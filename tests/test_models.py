@@ -106,3 +106,37 @@ def test_import_locks_engine_imports_no_vllm_nor_transformers():
            "print(any(m in sys.modules for m in ('vllm', 'transformers', 'gguf')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "config, bound",
+    [
+        ({"max_position_embeddings": 8192}, 8192),
+        ({"max_position_embeddings": 32768, "seq_length": 4096}, 32768),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 16384),
+        ({"text_config": {"max_position_embeddings": 4096,
+                          "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}}}, 8192),
+        ({"hidden_size": 64, "max_position_embeddings": None}, None),
+    ],
+    ids=["one_length", "largest_of_two", "rope_factor", "text_config_per_layer_rope", "no_length"],
+)
+def test_context_upper_bound_is_never_below_what_vllm_derives(tmp_path, config, bound):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert models.context_upper_bound(tmp_path) == bound
+
+
+def test_context_upper_bound_of_an_unreadable_config_is_unknown(tmp_path):
+    assert models.context_upper_bound(tmp_path) is None
+    for text in ("{not json", "[8192]"):
+        (tmp_path / "config.json").write_text(text)
+        assert models.context_upper_bound(tmp_path) is None
+
+
+def test_local_model_dir_does_not_convert_when_told_not_to(monkeypatch, home, tmp_path):
+    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(models, "_convert_into", lambda *a: pytest.fail("converted"))
+    assert models.local_model_dir(None, convert=False) is None
+    assert models.local_model_dir("Qwen/Qwen2.5-Coder-0.5B-Instruct") is None
+    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    converted = models.local_model_dir("builtin")
+    assert converted == models.builtin_target() and models.local_model_dir(None, convert=False) == converted

@@ -1,10 +1,12 @@
 """The chat screen through the pilot with a scripted engine: streaming, panels, cancel, failures, history."""
 
 import asyncio
+import threading
 import time
 
 import pytest
 
+from locks_chat.engine import ModelTokenizer
 from locks_chat.errors import EngineError
 from locks_chat.sessions import SessionStore
 from locks_chat.tui.app import build_app
@@ -13,7 +15,7 @@ from locks_chat.tui.screens.chat import ChatScreen
 from locks_chat.tui.widgets.page_strip import PageStrip
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.turn_view import TurnView
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, WordTokenizer
 from tests.tui_support import Factory, GatedEngine, notices, until, write_book
 
 SIZE = (120, 40)
@@ -211,3 +213,31 @@ async def test_a_book_that_does_not_fit_says_to_use_pages(book):
         [error] = notices(app, "error")
         assert "do not fit" in error and "/pages" in error and "--pages" not in error
         assert "do not fit" in str(app.screen.query(TurnView).last().query_one(".footer").render())
+
+
+async def test_a_book_that_cannot_fit_is_said_when_it_loads_without_waiting_for_the_engine(book):
+    engine, started = FakeEngine(max_context=300), threading.Event()
+
+    def slow_factory(model, locks, max_model_len):
+        started.wait(10)
+        return engine
+
+    def counted(model, max_model_len):
+        return ModelTokenizer(WordTokenizer(), 300)
+
+    app = build_app(book, ChatOptions(), slow_factory, tokenizer_factory=counted)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            screen = app.screen
+            await until(pilot, lambda: notices(app, "error"), what="the early error")
+            [error] = notices(app, "error")
+            assert "do not fit the model's 300-token context" in error and "/pages" in error
+            assert screen.engine_starting.is_set()
+            prompt = screen.query_one(PromptInput)
+            prompt.value = "Too long?"
+            await pilot.press("enter")
+            await until(pilot, lambda: not screen.answering, what="the refusal")
+            assert prompt.value == "Too long?" and len(notices(app, "error")) == 2
+            assert screen.engine_starting.is_set() and engine.prompts == []
+    finally:
+        started.set()

@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.app import App
 
 from locks_chat.sessions import SessionStore
-from locks_chat.tui.book_chat import BookChat, ChatOptions, EngineFactory
+from locks_chat.tui.book_chat import BookChat, ChatOptions, EngineFactory, TokenizerFactory
 from locks_chat.tui.screens.chat import ChatScreen
 
 
@@ -36,6 +36,7 @@ def build_app(
     engine_factory: EngineFactory | None = None,
     store: SessionStore | None = None,
     warnings: tuple[str, ...] = (),
+    tokenizer_factory: TokenizerFactory | None = None,
 ) -> LocksChatApp:
     """Build the app for one document.
 
@@ -46,6 +47,9 @@ def build_app(
             :func:`locks_chat.engine.open_engine` (vLLM with LOCKS). Tests pass a scripted engine.
         store (SessionStore | None): the sessions database; default the one in the user data directory.
         warnings (tuple[str, ...]): shown as notifications when the app starts (e.g. settings file problems).
+        tokenizer_factory (TokenizerFactory | None): ``(model, max_model_len) -> ModelTokenizer | None``, to tell
+            that a book does not fit before the engine is up; default :func:`locks_chat.engine.open_tokenizer`
+            with the default engine, none with a scripted one.
     """
-    chat = BookChat(document_path, options or ChatOptions(), engine_factory, store)
+    chat = BookChat(document_path, options or ChatOptions(), engine_factory, store, tokenizer_factory)
     return LocksChatApp(chat, warnings)

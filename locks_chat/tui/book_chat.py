@@ -1,8 +1,10 @@
 """The work behind the chat screen, without any UI: a book, its engine and its session.
 
 Every method that blocks (loading, engine start, answering) is called from a worker thread; the screen hands
-in callbacks that post messages. Answers go through :func:`locks_chat.ask.ask`; each turn is written to the
-session store when it starts, saved as it streams and finished when it ends (``locks_chat.sessions``).
+in callbacks that post messages; an engine start the app walks away from (``locks_chat.tui.background``) closes
+its engine as soon as it is up, once :meth:`BookChat.close` was called. Answers go through
+:func:`locks_chat.ask.ask`; each turn is written to the session store when it starts, saved as it streams and
+finished when it ends (``locks_chat.sessions``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from locks_chat.tui.timings import load_timings, save_timings
 
 EngineFactory = Callable[[str | None, Any, int | None], Any]
 """``open_engine(model, locks_config, max_model_len) -> ChatEngine``"""
+TokenizerFactory = Callable[[str | None, int | None], Any]
+"""``open_tokenizer(model, max_model_len) -> ModelTokenizer | None``"""
 
 HISTORY_TURNS = 4
 """earlier answered turns put back in the prompt (fewer when they do not fit the context)"""
@@ -50,18 +54,31 @@ def default_engine_factory(model: str | None, locks: Any, max_model_len: int | N
     return engine.open_engine(model, locks, max_model_len)
 
 
+def default_tokenizer_factory(model: str | None, max_model_len: int | None) -> Any:
+    """:func:`locks_chat.engine.open_tokenizer`, leaving a first conversion of the built-in model to the engine
+    start that runs meanwhile; ``None`` also when the model cannot be found (the engine start says why)."""
+    from locks_chat import engine
+
+    try:
+        return engine.open_tokenizer(model, max_model_len, convert=False)
+    except EngineError:
+        return None
+
+
 class BookChat:
     """One book's chat: document, engine, session and the turns so far."""
 
     def __init__(
         self, path: str | Path, options: ChatOptions, engine_factory: EngineFactory | None = None,
-        store: SessionStore | None = None,
+        store: SessionStore | None = None, tokenizer_factory: TokenizerFactory | None = None,
     ) -> None:
         self.path = Path(path)
         self.options = options
         self.settings = options.settings
         self.pages = options.pages
         self.engine_factory = engine_factory or default_engine_factory
+        # a scripted engine brings its own tokenizer: the real model's is only asked for with the real engine
+        self.tokenizer_factory = tokenizer_factory or (default_tokenizer_factory if engine_factory is None else None)
         self.store = store or SessionStore()
         self.document: Document | None = None
         self.engine: Any = None
@@ -70,6 +87,9 @@ class BookChat:
         self.timings = load_timings()
         """how long the engine start and the prefill took last time, for ETAs"""
         self._engine_lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
+        self._model_tokenizer: Any = None
+        self._tokenizer_asked = False
         self._answering = threading.Lock()
         self._closed = False
 
@@ -126,6 +146,27 @@ class BookChat:
             self.timings.engine_start_s = time.monotonic() - start
             save_timings(self.timings)
             return self.timings.engine_start_s
+
+    def check_fits(self, question: str = "") -> None:
+        """Refuse ``question`` about the loaded document without the engine when, even with no earlier turns,
+        it cannot fit the context (an empty question: the document alone). Counted with the model's tokenizer
+        (:func:`locks_chat.engine.open_tokenizer`, loaded once); no check without it: the engine checks too.
+
+        Raises:
+            ContextError: with the numbers and a ``--pages`` range that fits.
+        """
+        from locks_chat.ask import fitting_prompt
+
+        model = self._tokenizer()
+        if model is not None and self.document is not None:
+            fitting_prompt(model, self.document, [question], max_tokens=self.settings.max_tokens)
+
+    def _tokenizer(self) -> Any:
+        with self._tokenizer_lock:
+            if not self._tokenizer_asked and self.tokenizer_factory is not None:
+                self._model_tokenizer = self.tokenizer_factory(self.settings.model, self.settings.context)
+            self._tokenizer_asked = True
+            return self._model_tokenizer
 
     def persist(self, **values: Any) -> None:
         """Save ``values`` in the settings file, leaving the file's other settings as they are (command-line

@@ -1,9 +1,12 @@
 """The chat screen: the conversation and the prompt on the left, the live LOCKS panels on the right.
 
 Loading, engine starts and answers run in thread workers (``@work(thread=True, exclusive=True)``); they talk to
-the screen only through the messages below. While an answer streams the prompt is locked; Esc or Ctrl+C sets
-the answer's cancel event, which the engine checks between steps (prefill chunks included) and aborts the
-request. Any failure is a notification, and the prompt comes back.
+the screen only through the messages below. The engine start and the tokenizer load run on daemon threads their
+workers only wait for (``locks_chat.tui.background``): quitting does not wait for them. A book that cannot fit
+the context is said so when it is loaded (counted with the model's tokenizer, without the engine). While an
+answer streams the prompt is locked; Esc or Ctrl+C sets the answer's cancel event, which the engine checks
+between steps (prefill chunks included) and aborts the request. Any failure is a notification, and the prompt
+comes back.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
 from locks_chat.transcript import turn_stats_text
+from locks_chat.tui.background import Abandoned, abandonable
 from locks_chat.tui.book_chat import BookChat
 from locks_chat.tui.commands import is_command, parse_command
 from locks_chat.tui.meter import EngineTick
@@ -61,6 +65,8 @@ class ChatScreen(Screen):
     @dataclass
     class Loaded(Message):
         document: Document
+        fit_error: str = ""
+        """why the document cannot fit the context, with the ``/pages`` to pick; empty: it fits or is unknown"""
 
     @dataclass
     class EngineReady(Message):
@@ -142,11 +148,25 @@ class ChatScreen(Screen):
                 self.post_message(self.Resumed(self.chat.open_session()))
                 pages = self.chat.pages
             progress = lambda done, total: self.post_message(self.LoadProgress(done, total))  # noqa: E731
-            message: Message = self.Loaded(self.chat.load(pages, progress))
+            document = self.chat.load(pages, progress)
+            message: Message = self.Loaded(document, abandonable(self._fit_error))
+        except Abandoned:
+            return
         except Exception as err:  # noqa: BLE001 - shown to the user, the app goes on
             message = self.Failed("load", _message(err))
         self.doc_loading.clear()
         self.post_message(message)
+
+    def _fit_error(self) -> str:
+        """Why the loaded document cannot fit, or ``""``: the load stands whatever this early count meets (the
+        answer's own count reports any other failure)."""
+        try:
+            self.chat.check_fits()
+        except ContextError as err:
+            return _message(err)
+        except Exception:  # noqa: BLE001
+            pass
+        return ""
 
     def start_engine(self, settings: Settings, note: str | None) -> None:
         self.engine_starting.set()
@@ -157,10 +177,12 @@ class ChatScreen(Screen):
     @work(thread=True, exclusive=True, group="engine")
     def _start_engine(self, settings: Settings, persist: bool) -> None:
         try:
-            seconds = self.chat.start_engine(settings)
+            seconds = abandonable(self.chat.start_engine, settings)
             if persist:
                 self.chat.persist(budget=settings.budget, rank=settings.rank, dense=settings.dense)
             message: Message = self.EngineReady(settings, seconds)
+        except Abandoned:
+            return
         except Exception as err:  # noqa: BLE001
             message = self.Failed("engine", _message(err))
         self.engine_starting.clear()
@@ -169,19 +191,26 @@ class ChatScreen(Screen):
     @work(thread=True, exclusive=True, group="answer")
     def _answer(self, question: str, cancel: threading.Event) -> None:
         try:
-            while self.doc_loading.is_set() or self.engine_starting.is_set():
-                if cancel.wait(0.1):
-                    raise Cancelled("cancelled before the engine was ready")
+            self._wait_while(self.doc_loading, cancel)
             if self.chat.document is None:
                 raise LocksChatError("no document is loaded: pick pages with /pages A-B")
+            if self.engine_starting.is_set():
+                abandonable(self.chat.check_fits, question)
+            self._wait_while(self.engine_starting, cancel)
             post = self.post_message
             self.chat.answer(question, cancel, lambda t: post(self.Delta(t)), lambda r: post(self.Step(r)),
                              lambda k: post(self.Ticked(k)))
             post(self.Answered(question, "done"))
-        except Cancelled:
+        except (Cancelled, Abandoned):
             self.post_message(self.Answered(question, "cancelled"))
         except Exception as err:  # noqa: BLE001
             self.post_message(self.Answered(question, "failed", _message(err)))
+
+    @staticmethod
+    def _wait_while(busy: threading.Event, cancel: threading.Event) -> None:
+        while busy.is_set():
+            if cancel.wait(0.1):
+                raise Cancelled("cancelled before the engine was ready")
 
     @on(Input.Submitted, "#prompt")
     async def submitted(self, event: Input.Submitted) -> None:
@@ -232,6 +261,8 @@ class ChatScreen(Screen):
 
     def on_chat_screen_loaded(self, message: Loaded) -> None:
         self.panels.progress.end("load")
+        if message.fit_error:
+            self.notify(message.fit_error, severity="error", timeout=15)
         document = message.document
         self.panels.set_document(document)
         pages = f", pages {self.chat.pages}" if self.chat.pages else ""
