@@ -123,11 +123,12 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
-    slots = pmax if cfg.dense else cfg.budget_pages
+    covers = cfg.dense or cfg.budget_pages >= pmax  # every page fits the budget: no ranking
+    slots = pmax if covers else cfg.budget_pages
     if out is None:
         out = torch.empty(seqs, num_kv_heads, slots, dtype=torch.int64, device=scores.device)
     assert out.shape == (seqs, num_kv_heads, slots) and out.dtype == torch.int64 and out.stride(-1) == 1
-    if cfg.dense:
+    if covers:
         pages = torch.arange(pmax, device=scores.device)
         num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
         out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
@@ -199,7 +200,8 @@ def select_pages(
     Mass shares are averaged over the query heads of a KV group (GQA); the forced pages (the first
     ``sink_pages``, the last page and the ``recent_pages`` before it) come first, the rest of the
     ``K = cfg.budget_pages`` slots go to the largest group shares (ties: lower page first). A sequence with
-    at most ``K`` pages reads all of them. With ``cfg.dense`` every page is read (``Pmax`` slots).
+    at most ``K`` pages reads all of them. With ``cfg.dense``, or a budget of at least ``Pmax`` pages, every
+    page is read in ``Pmax`` slots (nothing ranked).
 
     Args:
         scores (Tensor): fp32 estimated log mass `[S, HQ, Pmax]`, contiguous along pages (``score_pages``).

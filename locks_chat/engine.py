@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from locks_chat import errors
 from locks_chat.errors import EngineError
 
 
@@ -43,16 +44,23 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
     """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores).
 
     Raises:
-        EngineError: vLLM is not installed, the model cannot be found or converted, or the engine fails.
+        ModelPathError: ``model`` is a local path that does not exist or is not a model directory (exit 2).
+        EngineError: vLLM is not installed, the model cannot be installed or converted, or the engine fails.
     """
     quiet_vllm_logging()
     try:
-        from locks_engine.models import ModelError
-        from locks_engine.vllm_backend.runner import EngineOptions, EngineStartError, LocksEngine
+        from locks_engine.models import ModelError, ModelPathError
+        from locks_engine.vllm_backend.runner import (
+            EngineOptions,
+            EngineStartError,
+            LocksEngine,
+        )
     except ImportError as err:
         raise EngineError(f"the engine is not installed ({err.name} missing): run the install command from the README") from err
     try:
         return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len))
+    except ModelPathError as err:
+        raise errors.ModelPathError(str(err)) from err
     except (ModelError, EngineStartError) as err:
         raise EngineError(str(err)) from err
 
@@ -82,12 +90,19 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
         ModelTokenizer | None: ``None`` when the answer has to wait for the engine: a hub id, a Mistral-format
         tokenizer, a config without a context length, or a tokenizer that does not load (the engine says why).
     Raises:
-        EngineError: the model cannot be found or converted (what :func:`open_engine` would raise).
+        ModelPathError, EngineError: the model cannot be found or converted (as :func:`open_engine` raises).
     """
-    from locks_engine.models import ModelError, context_upper_bound, local_model_dir
+    from locks_engine.models import (
+        ModelError,
+        ModelPathError,
+        context_upper_bound,
+        local_model_dir,
+    )
 
     try:
         model_dir = local_model_dir(model, convert)
+    except ModelPathError as err:
+        raise errors.ModelPathError(str(err)) from err
     except ModelError as err:
         raise EngineError(str(err)) from err
     if model_dir is None or any(any(model_dir.glob(name)) for name in MISTRAL_TOKENIZER_FILES):

@@ -50,6 +50,10 @@ class ContextError(LocksChatError):
     """A document (or page range) that does not fit the model's context: never truncated silently."""
 
 
+class ModelPathError(LocksChatError):
+    """A ``--model`` path that does not exist or is not a model directory (bad input: exit code 2)."""
+
+
 class EngineError(LocksChatError):
     """The engine failed to start or to generate (exit code 3)."""
 

@@ -126,6 +126,8 @@ class SessionStore:
         return self.get(session_id)
 
     def get(self, session_id: int) -> SessionInfo | None:
+        if not is_sqlite_int(session_id):
+            return None
         rows = self._sessions("WHERE s.id = ?", (session_id,))
         return rows[0] if rows else None
 
@@ -148,11 +150,15 @@ class SessionStore:
 
     def delete(self, session_id: int) -> bool:
         """Delete a session and its turns; False when there was no such session."""
+        if not is_sqlite_int(session_id):
+            return False
         with self._db() as db:
             return db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
     def turns(self, session_id: int) -> list[Turn]:
         """The session's turns in order; a turn left ``answering`` reads as ``interrupted``."""
+        if not is_sqlite_int(session_id):
+            return []
         with self._db() as db:
             rows = db.execute(
                 "SELECT id, question, answer, status, citations, stats FROM turns WHERE session_id = ? ORDER BY id",
@@ -186,3 +192,8 @@ class SessionStore:
                 (answer, status, json.dumps(citations or []), json.dumps(stats or {}, default=str),
                  time.time(), turn_id),
             )
+
+
+def is_sqlite_int(value: int) -> bool:
+    """Whether ``value`` fits SQLite's 64-bit INTEGER (larger ids cannot exist; binding them raises)."""
+    return -(2**63) <= value < 2**63

@@ -44,6 +44,10 @@ class ModelError(Exception):
     """A model cannot be found, installed or converted. ``str(err)`` is one line that names the next step."""
 
 
+class ModelPathError(ModelError):
+    """A local model path that does not exist or is not a Hugging Face model directory (the user's input)."""
+
+
 def cache_home() -> Path:
     """The locks-chat cache directory: ``$LOCKS_CHAT_HOME`` if set, else the platform's user cache dir."""
     env = os.environ.get(HOME_ENV)
@@ -66,20 +70,20 @@ def resolve_model(name_or_path: str | None) -> Path | str:
         the local directory, or the hub id unchanged (hubs are unreachable offline; vLLM reports that itself).
 
     Raises:
-        ModelError: the built-in model's package or the converter is missing, the conversion failed, or a path
-            that looks local does not exist or is not a model directory.
+        ModelError: the built-in model's package or the converter is missing, or the conversion failed.
+        ModelPathError: a path that looks local does not exist or is not a model directory.
     """
     if name_or_path is None or name_or_path in BUILTIN_NAMES:
         return builtin_model_dir()
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelError(f"{path} is a directory but not a Hugging Face model (no config.json in it)")
+            raise ModelPathError(f"{path} is a directory but not a Hugging Face model (no config.json in it)")
         return path
     if path.is_file():
-        raise ModelError(f"{path} is a file: pass a Hugging Face model directory or a hub id (org/name)")
+        raise ModelPathError(f"{path} is a file: pass a Hugging Face model directory or a hub id (org/name)")
     if _looks_local(name_or_path):
-        raise ModelError(f"no such model directory: {path}")
+        raise ModelPathError(f"no such model directory: {path}")
     return name_or_path
 
 

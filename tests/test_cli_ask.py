@@ -12,6 +12,7 @@ from locks_chat.errors import EngineError
 from tests.fakes import FakeEngine, WordTokenizer
 
 runner = CliRunner()
+REAL_OPEN_TOKENIZER = locks_chat.engine.open_tokenizer  # the autouse fixture below replaces it
 
 
 @pytest.fixture
@@ -159,3 +160,10 @@ def test_ctrl_c_aborts_the_request_and_exits_130(book, engine):
 def test_help_has_an_example():
     result = runner.invoke(app, ["ask", "--help"])
     assert result.exit_code == 0 and "Example: locks-chat ask" in result.stdout
+
+
+def test_a_model_path_that_does_not_exist_is_bad_input(book, monkeypatch, tmp_path):
+    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    result = runner.invoke(app, ["ask", str(book), "q", "--model", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "no such model directory" in result.stderr

@@ -71,6 +71,7 @@ def test_repeated_labels_use_first_occurrence_and_end_after_start():
         ("iv-x", MANUAL, "no page is printed 'x'"),
         ("2-iv", MANUAL, "empty range"),
         ("#14", MANUAL, "out of range"),
+        ("1--3", MANUAL, "neither page numbers"),
     ],
 )
 def test_errors_give_the_valid_range(spec, labels, reason):

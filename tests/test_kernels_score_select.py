@@ -86,6 +86,8 @@ SELECT_CASES = {
     "long_partial": ([1000, 333], 70, 160),
     "budget_at_pages": ([16 * 10, 16 * 10], 10, 160),
     "budget_past_pages": ([40, 5], 70, 160),
+    "budget_at_pmax": ([1000, 333], 70, 16 * 70),
+    "budget_past_pmax": ([1000, 5], 70, 10**12),
     "one_token": ([1, 16 * 70], 70, 160),
     "many_chunks": ([16 * 5000 - 3, 16 * 3000], 5000, 2048),
 }

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from locks_chat.engine import open_tokenizer
-from locks_chat.errors import EngineError
+from locks_chat.errors import ModelPathError
 from locks_chat.ingest import load_document
 from locks_chat.prompt import build_prompt
 from tests.tui_support import write_book
@@ -66,6 +66,7 @@ def test_hub_ids_and_a_model_still_to_convert_are_left_to_the_engine(monkeypatch
     assert open_tokenizer(None, None, convert=False) is None
 
 
-def test_a_missing_model_is_the_engine_error_open_engine_gives(tmp_path):
-    with pytest.raises(EngineError, match="no such model directory"):
+def test_a_missing_model_is_bad_input_as_open_engine_says(tmp_path):
+    with pytest.raises(ModelPathError, match="no such model directory") as info:
         open_tokenizer(str(tmp_path / "nowhere"), None)
+    assert info.value.exit_code == 2

@@ -87,3 +87,16 @@ def test_all_minus_inf_scores_still_select_forced_pages():
     scores = torch.full((1, 2, 20), float("-inf"))
     selected = select_pages(scores, torch.tensor([20 * 16 - 3]), 1, cfg)
     assert torch.equal(selected[0, 0], torch.tensor([0, 18, 19]))
+
+
+@pytest.mark.parametrize("budget", [64 * 16, 10**12])
+def test_budget_past_the_block_table_reads_every_page_in_pmax_slots(budget):
+    """A budget at or past the pages the block table spans reads every page, in ``Pmax`` slots (not ``budget``
+    slots: a huge budget must cost what dense attention does, and allocate nothing of its size)."""
+    seq_lens = torch.tensor([37 * 16 + 5, 12 * 16])
+    scores = torch.randn(2, 4, 40)
+    selected = select_pages(scores, seq_lens, num_kv_heads=2, cfg=LocksConfig(budget=budget))
+    assert selected.shape == (2, 2, 40)
+    pages = torch.arange(40)
+    expected = torch.where(pages < torch.tensor([38, 12]).view(2, 1, 1), pages, -1).expand(2, 2, 40)
+    assert torch.equal(selected, expected)

@@ -53,6 +53,14 @@ def test_delete_removes_the_turns_too(book):
         assert db.execute("SELECT COUNT(*) FROM turns").fetchone() == (0,)
 
 
+def test_ids_past_sqlite_integers_are_no_sessions(book):
+    store = SessionStore()
+    store.open_session(str(book), file_hash(book), "book", None)
+    huge = 10**20
+    assert store.get(huge) is None and store.turns(huge) == [] and not store.delete(huge)
+    assert len(store.list_sessions()) == 1
+
+
 def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):
     store = SessionStore()
     session = store.open_session(str(book), file_hash(book), "My Book", "2-3")

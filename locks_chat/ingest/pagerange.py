@@ -72,7 +72,7 @@ def _resolve_part(part: str, spec: str, labels: Sequence[str]) -> tuple[int, int
             return _ordered(found, part, spec, labels)
         tokens = _tokens(body)
         missing = [t for t in tokens if _find_label(t, labels, 0) is None]
-        if len(missing) < len(tokens):
+        if missing and len(missing) < len(tokens):
             _fail(spec, f"no page is printed {missing[0]!r} (prefix # for physical page numbers)", labels)
     for first, last in _splits(body):
         if _is_number(first) and _is_number(last):

@@ -55,14 +55,16 @@ def select_pages(scores: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: Locks
         cfg (LocksConfig): budget, page size, sink and recent pages.
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots; no page
-        twice; ``K = cfg.budget_pages`` (``Pmax`` when ``cfg.dense``).
+        twice; ``K = min(cfg.budget_pages, Pmax)`` (``Pmax`` when ``cfg.dense``), so a budget past the
+        context costs what dense attention does.
     """
     seqs, _, pmax = scores.shape
     pages = torch.arange(pmax, device=scores.device)
     num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size  # [S]
     exists = (pages.unsqueeze(0) < num_pages.unsqueeze(1)).unsqueeze(1)  # [S, 1, Pmax]
-    slots = pmax if cfg.dense else cfg.budget_pages
-    if cfg.dense or pmax <= slots:
+    covers = cfg.dense or cfg.budget_pages >= pmax  # every page fits the budget: no ranking
+    slots = pmax if covers else cfg.budget_pages
+    if covers:
         chosen = exists.expand(seqs, num_kv_heads, pmax)
     else:
         priority = group_mass_shares(scores, num_kv_heads)  # [S, H, Pmax], in [0, 1]

@@ -63,12 +63,14 @@ def select(
     import locks_kernels as lk
 
     block_size = k_cache.shape[1]
-    if store is None:
-        # the dense switch reads every page: select_pages looks at the scores' shape only
-        pmax = block_table.shape[1] * (block_size // cfg.page_size)
+    pmax = block_table.shape[1] * (block_size // cfg.page_size)
+    if store is not None:
+        lk.build_completed_page_summaries(k_cache, block_table, seq_lens, store, cfg)
+    if store is None or cfg.budget_pages >= pmax:
+        # every page is read (the dense switch, or a budget past max_model_len): select_pages looks at the
+        # scores' shape only
         scores = torch.empty(q.shape[0], q.shape[1], pmax, dtype=torch.float32, device=q.device)
     else:
-        lk.build_completed_page_summaries(k_cache, block_table, seq_lens, store, cfg)
         scores = lk.score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, scale)
     return lk.select_pages(scores, seq_lens, num_kv_heads, cfg)
 

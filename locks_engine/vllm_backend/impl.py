@@ -197,13 +197,14 @@ class LocksAttentionImpl(AttentionImpl):
         if meta.stats is None:
             return selected, None, None
         num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
-        scored = 0 if cfg.dense else int((seq_lens.long() // cfg.page_size).sum())
+        pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
+        scored = 0 if covers_all(cfg, pmax) else int((seq_lens.long() // cfg.page_size).sum())
         return selected, num_pages, scored
 
     def _select_torch(self, q: Tensor, k_cache: Tensor, store, block_table: Tensor, seq_lens: Tensor, cfg):
         """``select_pages`` of the ops over their ``score_pages`` (zeros for the dense switch), trimmed."""
-        if cfg.dense:
-            pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
+        pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
+        if covers_all(cfg, pmax):
             scores = torch.zeros(q.shape[0], self.num_heads, pmax, device=q.device)
         else:
             scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
@@ -242,6 +243,12 @@ class DeviceCounters:
         """``{"decode_rows", "pages_read", "pages_total"}`` summed since the last reset (KV heads counted)."""
         rows, read, total = self.values.tolist() if self.values is not None else (0, 0, 0)
         return {"decode_rows": int(rows), "pages_read": int(read), "pages_total": int(total)}
+
+
+def covers_all(cfg, pmax: int) -> bool:
+    """Whether every page of the step is read without ranking: the dense switch, or a budget of at least the
+    ``pmax`` pages the block table spans (then no summary is scored: a budget past the context costs dense)."""
+    return cfg.dense or cfg.budget_pages >= pmax
 
 
 def _config_flag(key: str) -> bool:
