@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity_capture import read_prose  # noqa: E402
+from fidelity_capture import read_prose
 
-from locks_engine import LocksConfig  # noqa: E402
+from locks_engine import LocksConfig
 
 INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize them. "
          "I will quiz you about the numbers afterwards.\n\n")
@@ -51,7 +51,7 @@ def build_trial(tokenizer, book_ids: list[int], context: int, depth: float, seed
     head, question = INTRO, QUESTION.format(key=key)
     wrap = tokenizer.apply_chat_template([{"role": "user", "content": "\0"}], tokenize=False, add_generation_prompt=True)
     before, after = wrap.split("\0")
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
     prefix, needle, suffix = enc(before + head), enc(NEEDLE.format(key=key, value=value)), enc(question + after + ANSWER.format(key=key))
     room = context - len(prefix) - len(needle) - len(suffix)
     hay = book_ids[start:start + room]
@@ -119,6 +119,19 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
     return out
 
 
+def machine() -> str:
+    """The CPU architecture and OS, and the GPU when the engine ran on one."""
+    text = f"{platform.machine()}, {platform.platform()}"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            text = f"{torch.cuda.get_device_name(0)} (vLLM on CUDA), {text}"
+    except ImportError:
+        pass
+    return text
+
+
 def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[dict]) -> None:
     """Add this run's cells to ``needle_full.json`` (one entry per run) and to ``fidelity.json``'s ``needle``
     list (replacing cells of the same model, context, mode and budget)."""
@@ -129,7 +142,7 @@ def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[d
     full_path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     fidelity = out_dir / "fidelity.json"
     doc = json.loads(fidelity.read_text()) if fidelity.is_file() else {"date": header["date"], "mass": []}
-    cell = lambda e: (e["model"], e["context"], e["mode"], e["budget_frac"])  # noqa: E731
+    cell = lambda e: (e["model"], e["context"], e["mode"], e["budget_frac"])
     fresh = {cell(e) for e in summary}
     doc["needle"] = [e for e in doc.get("needle", []) if cell(e) not in fresh] + summary
     doc["needle_command"] = sorted(set(doc.get("needle_command", []) if isinstance(doc.get("needle_command"), list)
@@ -169,6 +182,10 @@ def main(argv=None) -> int:
                 trials.append({**trial, "book": name})
         for mode, budget in [("dense", 1.0)] * (not args.no_dense) + [("locks", b) for b in args.budgets]:
             rows += run_mode(args, trials, context, mode, budget, log)
+            # every trial so far, in case the run is stopped before the summary below
+            partial = Path(args.out_dir) / "needle_partial.json"
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"argv": argv if argv is not None else sys.argv[1:], "trials": rows}, indent=1))
     out_dir = Path(args.out_dir)
     summary = []
     for key in sorted({(r["context"], r["mode"], r["budget_frac"]) for r in rows}):
@@ -180,7 +197,7 @@ def main(argv=None) -> int:
              for w in (argv if argv is not None else sys.argv[1:])]
     header = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python samples/bench_needle.py " + " ".join(shlex.quote(w) for w in words),
-              "machine": f"{platform.machine()}, {platform.platform()}",
+              "machine": machine(),
               "runtime_s": round(time.perf_counter() - start)}
     merge_results(out_dir, header, summary, rows)
     for s in summary:

