@@ -64,6 +64,8 @@ TINY = {
 SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
 BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
 CHILD_START = time.perf_counter()
+#: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
+HBM_PEAK_BYTES_S = 4.8e12
 
 
 def model_config(shape: str, layers: int | None, max_len: int) -> dict:
@@ -403,7 +405,9 @@ def summarize(args: argparse.Namespace) -> int:
 
 def depth_fits(cells: dict) -> list[dict]:
     """Per (shape, tp, context, batch): least-squares TPOT = fixed + slope x layers for each backend over the
-    measured depths (two or more), and the TPOT at the shape's full depth from the fit, labelled extrapolated."""
+    measured depths (two or more), and the TPOT at the shape's full depth from the fit, labelled extrapolated.
+    ``dense_slope_below_floor`` flags a fit whose dense per-layer time is under the HBM floor of reading that
+    layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low."""
     groups = {}
     for (shape, layers, tp, ctx, batch, backend), (_, c) in cells.items():
         groups.setdefault((shape, tp, ctx, batch, backend), {})[layers] = c["tpot_ms"]
@@ -416,6 +420,10 @@ def depth_fits(cells: dict) -> list[dict]:
         if len(dense) < 2:
             continue
         fit_l, fit_d = linear_fit(by_depth), linear_fit(dense)
+        # a depth whose step waits on the host (GPU work under the per-step host floor) flattens the fit: then
+        # the dense slope comes out under the time that reading one layer's K+V takes at the HBM peak
+        per_layer_kv = kv_bytes_per_token(model_config(shape, 1, ctx), tp) * ctx * batch
+        floor_ms = per_layer_kv / HBM_PEAK_BYTES_S * 1e3
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None,
             "dense_tpot_ms": round(fit_d[0] + fit_d[1] * full, 3), "locks_tpot_ms": round(fit_l[0] + fit_l[1] * full, 3),
@@ -424,7 +432,9 @@ def depth_fits(cells: dict) -> list[dict]:
             "fit": {"depths_locks": sorted(by_depth), "depths_dense": sorted(dense),
                     "locks_fixed_ms": round(fit_l[0], 3), "locks_per_layer_ms": round(fit_l[1], 4),
                     "dense_fixed_ms": round(fit_d[0], 3), "dense_per_layer_ms": round(fit_d[1], 4),
-                    "per_layer_ratio": round(fit_d[1] / fit_l[1], 2) if fit_l[1] > 0 else None},
+                    "per_layer_ratio": round(fit_d[1] / fit_l[1], 2) if fit_l[1] > 0 else None,
+                    "dense_kv_read_floor_per_layer_ms": round(floor_ms, 4),
+                    "dense_slope_below_floor": fit_d[1] < floor_ms},
         }
         if tp > 1:
             row["tp"] = tp

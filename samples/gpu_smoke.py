@@ -22,6 +22,13 @@ Usage (GPU machine, vLLM 0.26 on PYTHONPATH)::
     python samples/gpu_smoke.py --modes flash_graph,locks_graph --out /tmp/smoke
     python samples/gpu_smoke.py --model BUILTIN_DIR --prompt-ids prompt.json \
         --modes flash,locks,locks512,flash_graph,locks_graph --out /tmp/smoke-real
+    # TP=2 against TP=1 on the evaluation model (14 query / 2 KV heads split in two), CUDA graphs, fp16:
+    python samples/gpu_smoke.py --model MODEL_DIR --write-prompt ../shared/data/books/milton_paradise_lost.txt p.json \
+        "Paradise Lost"
+    CUDA_VISIBLE_DEVICES=0 python samples/gpu_smoke.py --model MODEL_DIR --prompt-ids p.json --dtype float16 \
+        --gen 96 --kv-gib 4 --modes locks_graph --out /tmp/smoke-tp
+    python samples/gpu_smoke.py --model MODEL_DIR --prompt-ids p.json --dtype float16 --gen 96 --kv-gib 4 \
+        --modes locks_graph_tp2 --out /tmp/smoke-tp      # checks locks_graph_tp2 == locks_graph
 
 Writes ``smoke.json`` (every mode's tokens, timings, statistics) and ``smoke.log`` (the engines' output) in
 ``--out``, prints a table last; exit status 1 when a check fails or a mode does not run. A divergence is
@@ -145,6 +152,26 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
     return result
 
 
+def write_book_prompt(model_dir: str, book: str, path: str, title: str = "", start: int = 20000,
+                      tokens: int = 7000) -> int:
+    """Write ``--prompt-ids`` JSON for a real model: ``tokens`` tokens of ``book`` (plain text, from token
+    ``start``) in a chat turn asking for a retelling of the passage of ``title`` (default: the file's stem);
+    returns the prompt length in tokens. The TP=2 check on the evaluation model used Paradise Lost from token
+    20,000 (title "Paradise Lost", 7,051 prompt tokens)."""
+    from fidelity_capture import read_prose
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(read_prose(book), add_special_tokens=False)["input_ids"][start:start + tokens]
+    turn = [{"role": "user", "content": f"Read this passage of {title or Path(book).stem}:\n\n{tokenizer.decode(ids)}\n\n"
+             "Retell what happens in it, in order, in about ten sentences."}]
+    text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    Path(path).write_text(json.dumps({"prompt_token_ids": prompt, "source": f"{Path(book).name} tokens "
+                                      f"{start}-{start + tokens}, chat template, retell instruction"}))
+    return len(prompt)
+
+
 def load_prompt(args: argparse.Namespace) -> list[int]:
     """The prompt's token ids: ``--prompt-ids`` JSON (``prompt_token_ids``), else ``--prompt-len`` seeded ids."""
     if args.prompt_ids:
@@ -200,8 +227,15 @@ def main() -> int:
     parser.add_argument("--total-s", type=int, default=3600, help="seconds for all modes: later ones are skipped")
     parser.add_argument("--model", default="", help="a real model folder (HF format) instead of the dummy config")
     parser.add_argument("--prompt-ids", default="", help="JSON file with prompt_token_ids (with --model)")
+    parser.add_argument("--write-prompt", nargs="+", metavar="BOOK FILE [TITLE]",
+                        help="with --model: write FILE (--prompt-ids) from a plain-text BOOK, then exit")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write_prompt:
+        if not args.model or len(args.write_prompt) not in (2, 3):
+            parser.error("--write-prompt BOOK FILE [TITLE] needs --model (its tokenizer and chat template)")
+        print(f"{args.write_prompt[1]}: {write_book_prompt(args.model, *args.write_prompt)} prompt tokens")
+        return 0
     out = Path(args.out)
     if args.child:
         result = run_child(args.child, args)

@@ -16,7 +16,7 @@ import torch
 from locks_engine import LocksConfig
 from locks_engine.vllm_backend.impl import DeviceCounters
 from locks_engine.vllm_backend.probes import read_probes
-from tests.test_vllm_backend_scenarios import H, SCENARIOS, Run
+from tests.test_vllm_backend_scenarios import SCENARIOS, H, Run
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"shape", "context", "batch", "budget", "rank", "dense_tpot_ms", "locks_tpot_ms", "dense_prefill_s",
@@ -127,7 +127,22 @@ def test_summarize_writes_the_issue_rows_and_the_depth_fit(bench, tmp_path) -> N
     assert fit["dense_tpot_ms"] == pytest.approx(14.0) and fit["locks_tpot_ms"] == pytest.approx(8.5)
     assert fit["fit"]["per_layer_ratio"] == pytest.approx(2.0)
     assert fit["fit"]["dense_fixed_ms"] == pytest.approx(4.0) and fit["fit"]["locks_fixed_ms"] == pytest.approx(3.5)
+    # GLM at 1M: 2 KV heads x D 128 x (K, V) x bf16 x 2^20 tokens = 1.07 GB a layer, 0.224 ms at 4.8 TB/s
+    assert fit["fit"]["dense_kv_read_floor_per_layer_ms"] == pytest.approx(2**30 / 4.8e12 * 1e3, rel=1e-3)
+    assert fit["fit"]["dense_slope_below_floor"] is False
     assert json.loads((tmp_path / "e2e_full.json").read_text())[0]["shape"] == "llama3.1-8b"
+
+
+def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
+    """Llama shapes at 1M read 4.3 GB of K+V a layer (0.89 ms at the HBM peak): a dense slope of 0.61 ms a
+    layer (as measured over 2 and 6 layers, the 2-layer step waiting on the host) cannot be the GPU's."""
+    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend), (None, {"tpot_ms": tpot}))
+    cells = dict([c(2, "flash", 4.8), c(6, "flash", 7.24), c(2, "locks", 4.63), c(6, "locks", 8.09)])
+    (row,) = bench.depth_fits(cells)
+    assert row["extrapolated"] and row["layers"] == 32
+    assert row["fit"]["dense_per_layer_ms"] == pytest.approx(0.61)
+    assert row["fit"]["dense_kv_read_floor_per_layer_ms"] == pytest.approx(0.8948, rel=1e-3)
+    assert row["fit"]["dense_slope_below_floor"] is True
 
 
 def test_summarize_without_results_fails(bench, tmp_path, capsys) -> None:
