@@ -8,8 +8,10 @@ the basis as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum
 contraction as a batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over
 the ``B`` tokens. The kernel is bound by instruction issue, not bytes (see ``NOTES.md``): the int8 path
 exists because unpacking int4 to fp16 cost more instructions than anything else. ``chanlog`` summaries (one
-scale per channel) fold the scales into the query, so its fixed-point pair is made per page: one batched int8
-product per page instead of one for the tile, on 8 pages per program by default.
+scale per channel) dequantize the basis in registers as an fp16 hi + lo pair with the scales applied, one
+product for the tile (``_chanlog_basis_fp16``); folding the scales into the query instead makes its fixed-point
+pair per page, one batched int8 product per page (``_chanlog_basis_query``, ``chanlog_path="int8"``), which
+compiles to ~1.4x the instructions (SASS for sm_90, ``NOTES.md``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor
 
 from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.summaries import FORMAT_CODES
+
 
 @triton.jit
 def _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP: tl.constexpr, RP: tl.constexpr):
@@ -48,13 +51,32 @@ def _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP: tl.constexpr, RP:
 
 
 @triton.jit
+def _chanlog_basis_fp16(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP: tl.constexpr, RP: tl.constexpr, GP: tl.constexpr):
+    """``V q`` for per-channel scales with the scales on the basis side: ``V = (nib - 8) * s`` dequantized in
+    registers as an fp16 hi + lo pair (error ~2^-22 relative per entry), then one fp16 product per half for the
+    whole tile, ``[TP * RP, D/2] x [D/2, GP]`` twice, against the query in fp16 (a bf16 query is exact there).
+    Fewer instructions than folding the scales into a per-page fixed-point query: no per-page requantization,
+    no batched products below the matrix unit's tile. Returns fp32 `[TP, RP, GP]`."""
+    DH: tl.constexpr = b_lo.shape[1]
+    v_e = tl.reshape((b_lo.to(tl.float32) - 8.0), [TP, RP, DH]) * s_e[:, None, :]
+    v_o = tl.reshape((b_hi.to(tl.float32) - 8.0), [TP, RP, DH]) * s_o[:, None, :]
+    v_e = tl.reshape(v_e, [TP * RP, DH])
+    v_o = tl.reshape(v_o, [TP * RP, DH])
+    he, ho = v_e.to(tl.float16), v_o.to(tl.float16)
+    le, lo = (v_e - he.to(tl.float32)).to(tl.float16), (v_o - ho.to(tl.float32)).to(tl.float16)
+    qe, qo = b_qe.to(tl.float16), b_qo.to(tl.float16)
+    w = tl.dot(he, qe) + tl.dot(le, qe) + tl.dot(ho, qo) + tl.dot(lo, qo)  # [TP * RP, GP] fp32
+    return tl.reshape(w, [TP, RP, GP])
+
+
+@triton.jit
 def _score_pages_kernel(
     q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, centroid_scale_ptr, basis_scale_ptr, coeffs_scale_ptr,
     block_table_ptr, seq_lens_ptr, out_ptr,
     stride_qs, stride_qh, stride_bt, stride_os, stride_oh,
     scale, H, PMAX,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
-    GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, FMT: tl.constexpr,
+    GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, FMT: tl.constexpr, CHANLOG_PATH: tl.constexpr,
 ):
     i_t, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_j = i_t * TP + tl.arange(0, TP)  # [TP] logical pages
@@ -115,7 +137,9 @@ def _score_pages_kernel(
             b_qo = tl.load(p_q + 2 * o_dh[:, None] + 1, mask=m_g[None, :], other=0.0).to(tl.float32)
             b_lo = (b_p & 15).to(tl.int8)
             b_hi = (b_p >> 4).to(tl.int8)
-            if FMT == 3:
+            if FMT == 3 and CHANLOG_PATH == 1:
+                b_w = _chanlog_basis_fp16(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP, GP) * s_w[:, :, None]
+            elif FMT == 3:
                 b_w = _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP) * s_w[:, :, None]
             else:
                 s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=0), tl.max(tl.abs(b_qo), axis=0)) / 32512.0  # [GP]
@@ -149,7 +173,13 @@ def _score_pages_kernel(
         tl.store(p_out, b_score, mask=m_out)
 
 
-def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps):
+#: ``chanlog`` V q paths: 1 = basis dequantized to an fp16 pair (the default), 0 = scales folded into a per-page
+#: fixed-point query (int8 products; the first version, kept for timing)
+CHANLOG_PATHS = {"fp16": 1, "int8": 0}
+
+
+def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
+               chanlog_path="fp16"):
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -166,7 +196,10 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)
     assert out.shape == (seqs, num_q_heads, pmax) and out.dtype == torch.float32 and out.stride(-1) == 1
     # the B x G logits of TP pages live in registers: fewer pages per program for large groups
-    tile_pages = tile_pages or (8 if store.summary_format == "chanlog" else 32 if groups <= 4 else 16)
+    chanlog = store.summary_format == "chanlog"
+    if chanlog and chanlog_path == "int8":
+        tile_pages = tile_pages or 8
+    tile_pages = tile_pages or (16 if chanlog else 32 if groups <= 4 else 16)
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
         q,
@@ -197,6 +230,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         PPB=ppb,
         TP=tile_pages,
         FMT=FORMAT_CODES[store.summary_format],
+        CHANLOG_PATH=CHANLOG_PATHS[chanlog_path],
         num_warps=num_warps,
     )
     return out
@@ -213,6 +247,7 @@ def score_pages(
     out: Tensor | None = None,
     tile_pages: int | None = None,
     num_warps: int = 4,
+    chanlog_path: str = "fp16",
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
 
@@ -227,8 +262,11 @@ def score_pages(
         page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
         scale (float | None): softmax scale, default ``D ** -0.5``.
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
-        tile_pages, num_warps (int): pages per program (default 32, 16 for groups over 4, 8 for ``chanlog``,
-            whose query is per page) and warps per program (tuning only).
+        tile_pages, num_warps (int): pages per program (default 32, 16 for groups over 4 and for ``chanlog``;
+            8 for ``chanlog_path="int8"``, whose query is per page) and warps per program (tuning only).
+        chanlog_path (str): how ``chanlog`` computes ``V q``: ``"fp16"`` (basis dequantized in registers as an
+            fp16 pair, one product for the tile) or ``"int8"`` (scales folded into a per-page fixed-point
+            query); tuning only, equal results within rounding.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
@@ -236,4 +274,5 @@ def score_pages(
         AssertionError: on shapes, strides or dtypes the kernel does not take.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps)
+    return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
+                      chanlog_path)

@@ -23,14 +23,14 @@ def _store_on_device(store):
     return PageSummaries(store.summary_format, **{k: v.to(DEVICE) for k, v in store.tensors().items()})
 
 
-def _check_scores(sc, fmt, q, tolerance, rank=8):
+def _check_scores(sc, fmt, q, tolerance, rank=8, **kernel_args):
     cfg = LocksConfig(summary_format=fmt, rank=rank)
     store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
     ref = score_pages(q.float(), store, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
     dev = on_device(sc)
     out = poisoned(ref.shape, torch.float32)
     lk.score_pages(q.to(DEVICE), _store_on_device(store), dev.block_table, dev.seq_lens, sc.page_size, sc.block_size,
-                   out=out, tile_pages=16)
+                   out=out, **({"tile_pages": 16} | kernel_args))
     out = out.cpu()
     assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not out.isnan().any(), "-inf exactly where ops has it"
     finite = torch.isfinite(ref)
@@ -56,6 +56,15 @@ def test_scores_match_ops_at_other_ranks(fmt, rank):
     # ranks that are not a power of two, and one that fills the 16 rows a matrix-unit product needs
     sc = make_scenario([200, 77], num_kv_heads=2, groups=4, head_dim=64, seed=rank, key_offset=20.0)
     _check_scores(sc, fmt, sc.q, 1e-3, rank)
+
+
+@pytest.mark.parametrize("path,tile", [("fp16", 16), ("fp16", 32), ("int8", 8)])
+@pytest.mark.parametrize("groups", [1, 4, 16], ids=lambda g: f"gqa{g}")
+def test_chanlog_paths_match_ops(path, tile, groups):
+    """Both ways of computing V q for per-channel scales (basis dequantized to an fp16 pair; scales folded into a
+    per-page fixed-point query) give the ops scores, at D = 128, with a query that fp16 holds exactly."""
+    sc = make_scenario([16 * 20 + 3, 16 * 9], num_kv_heads=2, groups=groups, head_dim=128, seed=groups, key_offset=20.0)
+    _check_scores(sc, "chanlog", sc.q.bfloat16().float(), 1e-4, chanlog_path=path, tile_pages=tile)
 
 
 @requires_bf16_dot
