@@ -162,6 +162,10 @@ def sweep(s: Setup, ctx: int, timer: Timer) -> dict:
     for tp, nw in ((16, 4), (32, 4), (32, 8), (64, 8)):
         out[f"score tile_pages={tp} num_warps={nw}"] = timer(lambda: lk.score_pages(
             s.q, s.store, table, lens, 16, BLOCK, out=scores, tile_pages=tp, num_warps=nw))[0]
+    if s.cfg.summary_format == "chanlog":
+        for path, tp in (("int8", 8), ("int8", 16), ("fp16", 16), ("fp16", 32)):
+            out[f"score chanlog_path={path} tile_pages={tp}"] = timer(lambda: lk.score_pages(
+                s.q, s.store, table, lens, 16, BLOCK, out=scores, tile_pages=tp, chanlog_path=path))[0]
     for nw in (2, 8):
         out[f"build_completed num_warps={nw}"] = timer(lambda: lk.build_completed_page_summaries(
             s.k, table, lens, s.store, s.cfg, num_warps=nw))[0]
@@ -219,13 +223,14 @@ def main() -> None:
     ap.add_argument("--max-gb", type=float, default=100.0)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--summary-format", default=LocksConfig().summary_format, help="summaries to time")
     ap.add_argument("--time-limit", type=float, default=420.0, help="seconds; later setups are skipped")
     ap.add_argument("--sweep", action="store_true", help="also time each kernel's tuning knobs at batch 1, 1M")
     args = ap.parse_args()
     changed = {k: v for k, v in vars(args).items() if k != "out" and v != ap.get_default(k)}
     command = "python samples/bench_kernels.py" + "".join(
         f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in changed.items())
-    cfg = LocksConfig(budget=args.budget, rank=args.rank)
+    cfg = LocksConfig(budget=args.budget, rank=args.rank, summary_format=args.summary_format)
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     timer = Timer(args.reps)
