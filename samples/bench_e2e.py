@@ -289,11 +289,7 @@ def main() -> int:
                 env = dict(os.environ)
                 if backend == "flash":
                     env["LOCKS_OVERRIDE_CPU_ATTN"] = "0"  # CPU only: vLLM's own CPU_ATTN is the dense baseline
-                try:
-                    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=left, env=env,
-                                        check=False).returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
+                rc = run_engine_process(cmd, log, left, env)
                 path = out / f"result-{name}.json"
                 if path.exists():
                     results.append(json.loads(path.read_text()))  # partial when the engine timed out
@@ -304,6 +300,25 @@ def main() -> int:
     print_table(results)
     print("RESULT:", "PASS" if not failures else "FAIL\n  " + "\n  ".join(failures))
     return 1 if failures else 0
+
+
+def run_engine_process(cmd: list[str], log, timeout: float, env: dict | None = None) -> int | str:
+    """Run one engine's process in its own process group; past ``timeout`` seconds kill the whole group (vLLM's
+    engine core and tensor-parallel workers too, which would otherwise keep their GPU memory and make the
+    next engine fail to start). Returns the exit status, or ``"timeout"``."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # also after a normal exit: leftover workers of the group
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 def engine_name(shape: str, layers, backend: str, tp: int) -> str:

@@ -42,10 +42,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e import run_engine_process  # one process group per engine, killed whole
 
 MODES = {
     "flash": {"backend": "FLASH_ATTN", "budget": None, "eager": True},
@@ -259,10 +261,7 @@ def main() -> int:
             log.write(f"\n===== {mode} =====\n")
             log.flush()
             cmd = [sys.executable, __file__, "--child", mode, *child_args(args)]
-            try:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=left, check=False).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+            rc = run_engine_process(cmd, log, left)
             path = out / f"result-{mode}.json"
             if rc == 0 and path.exists():
                 results[mode] = json.loads(path.read_text())

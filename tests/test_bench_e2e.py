@@ -149,3 +149,27 @@ def test_summarize_without_results_fails(bench, tmp_path, capsys) -> None:
     args = bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(tmp_path / "e2e.json"), meta="")
     assert bench.summarize(args) == 2
     assert "no result-*.json" in capsys.readouterr().err
+
+
+def test_engine_process_group_is_killed_whole(bench, tmp_path) -> None:
+    """A timed-out engine process takes its children with it (vLLM's TP workers would keep their GPU memory)."""
+    import sys
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+              "time.sleep(60)\n")
+    with open(tmp_path / "log", "w") as log:
+        assert bench.run_engine_process([sys.executable, "-c", script], log, timeout=3.0) == "timeout"
+    pid = int(pid_file.read_text())
+    time.sleep(0.5)  # the kill is delivered; the orphan is reaped by init
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            alive = stat.read().split(")")[-1].split()[0] not in ("Z", "X")  # state after the command name
+    except FileNotFoundError:
+        alive = False
+    assert not alive, "the grandchild outlived the timeout"
+    with open(tmp_path / "log", "w") as log:
+        assert bench.run_engine_process([sys.executable, "-c", "pass"], log, timeout=30.0) == 0
