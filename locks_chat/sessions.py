@@ -90,6 +90,13 @@ class SessionStore:
         with self._db() as db:
             db.executescript(SCHEMA)
 
+    @classmethod
+    def existing(cls, path: str | Path | None = None) -> SessionStore | None:
+        """The store if its database file exists, else None (for commands that only read or delete: they
+        must not create the file)."""
+        target = Path(path) if path is not None else data_dir() / "sessions.sqlite"
+        return cls(target) if target.is_file() else None
+
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=10)

@@ -13,8 +13,8 @@ from locks_chat.sessions import SessionInfo, SessionStore
 from locks_chat.transcript import render_transcript
 
 
-def _get(store: SessionStore, session_id: int) -> SessionInfo:
-    session = store.get(session_id)
+def _get(store: SessionStore | None, session_id: int) -> SessionInfo:
+    session = store.get(session_id) if store is not None else None
     if session is None:
         raise LocksChatError(f"no session {session_id}: see locks-chat sessions list")
     return session
@@ -22,7 +22,8 @@ def _get(store: SessionStore, session_id: int) -> SessionInfo:
 
 def list_sessions(json_out: bool, console: Console) -> None:
     """Print every session, newest first (a table, or JSON for scripts)."""
-    sessions = SessionStore().list_sessions()
+    store = SessionStore.existing()
+    sessions = store.list_sessions() if store is not None else []
     if json_out:
         print(json.dumps([s.__dict__ for s in sessions], indent=2))
         return
@@ -38,7 +39,7 @@ def list_sessions(json_out: bool, console: Console) -> None:
 
 def show_session(session_id: int) -> None:
     """Print a session's transcript as Markdown."""
-    store = SessionStore()
+    store = SessionStore.existing()
     print(render_transcript(_get(store, session_id), store.turns(session_id)), end="")
 
 
@@ -48,7 +49,7 @@ def delete_sessions(session_ids: list[int], console: Console) -> None:
     Raises:
         LocksChatError: an id that names no session (nothing is deleted then).
     """
-    store = SessionStore()
+    store = SessionStore.existing()
     for session_id in session_ids:
         _get(store, session_id)
     for session_id in session_ids:

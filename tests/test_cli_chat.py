@@ -97,3 +97,18 @@ def test_sessions_delete(sessions):
     assert len(SessionStore().list_sessions()) == 2
     result = runner.invoke(app, ["sessions", "delete", str(sessions[0])])
     assert result.exit_code == 0 and [s.id for s in SessionStore().list_sessions()] == [sessions[1]]
+
+
+def test_sessions_commands_do_not_create_the_database():
+    """Listing, showing or deleting before any chat leaves no database file behind."""
+    from locks_chat.settings import data_dir
+
+    db = data_dir() / "sessions.sqlite"
+    assert not db.exists()
+    result = runner.invoke(app, ["sessions", "list"])
+    assert result.exit_code == 0 and "no sessions yet" in result.stdout
+    assert json.loads(runner.invoke(app, ["sessions", "list", "--json"]).stdout) == []
+    for args in (["show", "1"], ["delete", "1"]):
+        result = runner.invoke(app, ["sessions", *args])
+        assert result.exit_code == 2 and "no session 1" in result.stderr
+    assert not db.exists() and not db.parent.exists()
