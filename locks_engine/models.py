@@ -19,7 +19,9 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 #: Environment variable that overrides the cache directory (tests point it at ``tmp_path``).
@@ -84,7 +86,37 @@ def resolve_model(name_or_path: str | None) -> Path | str:
         raise ModelPathError(f"{path} is a file: pass a Hugging Face model directory or a hub id (org/name)")
     if _looks_local(name_or_path):
         raise ModelPathError(f"no such model directory: {path}")
+    _require_hub_model(name_or_path)
     return name_or_path
+
+
+def _require_hub_model(repo_id: str) -> None:
+    """Fail at once for a hub id that cannot load: not in the local Hugging Face cache while the hub is off
+    (``HF_HUB_OFFLINE``) or out of reach (its host does not resolve). Otherwise huggingface_hub retries for
+    ~30 s before vLLM reports it; a mistyped relative path like ``models/qwen`` reads as a hub id.
+
+    Raises:
+        ModelPathError: not a valid hub id, or neither cached nor reachable.
+    """
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:  # vLLM brings huggingface_hub; without it the engine reports for itself
+        return
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # huggingface_hub's HFValidationError
+        raise ModelPathError(f"{repo_id!r} is neither a local model directory nor a valid hub id (org/name)") from None
+    if isinstance(cached, str):
+        return
+    missing = f"{repo_id!r} is not a local model directory and not in the Hugging Face cache"
+    if constants.HF_HUB_OFFLINE:
+        raise ModelPathError(f"{missing}, and HF_HUB_OFFLINE is set: pass a local model directory")
+    host = urllib.parse.urlparse(constants.ENDPOINT).hostname or ""
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        raise ModelPathError(f"{missing}, and the model hub is out of reach (no network): pass a local model "
+                             "directory") from None
 
 
 def _looks_local(name: str) -> bool:

@@ -26,8 +26,36 @@ def test_local_hf_directory_is_itself(tmp_path):
     assert resolve_model(str(tmp_path / "m")) == tmp_path / "m"
 
 
-def test_hub_id_passes_through():
+def test_hub_id_passes_through_when_the_hub_resolves(monkeypatch):
+    monkeypatch.setattr(models.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     assert resolve_model("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+
+
+def test_cached_hub_id_passes_through_offline(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: str(config))
+    monkeypatch.setattr(models.socket, "getaddrinfo", lambda *a: pytest.fail("looked up the hub"))
+    assert resolve_model("org/cached") == "org/cached"
+
+
+def test_unreachable_hub_id_fails_at_once(monkeypatch):
+    """A mistyped relative path reads as a hub id; offline it fails in one line, not after ~30 s of retries."""
+    from huggingface_hub import constants
+
+    def no_dns(host, port):
+        raise models.socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(models.socket, "getaddrinfo", no_dns)
+    with pytest.raises(models.ModelPathError, match="'models/qwen' is not a local model directory.*out of reach"):
+        resolve_model("models/qwen")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(models.ModelPathError, match="HF_HUB_OFFLINE is set"):
+        resolve_model("models/qwen")
+    with pytest.raises(models.ModelPathError, match="nor a valid hub id"):
+        resolve_model("bad id!/x")
 
 
 @pytest.mark.parametrize(
@@ -136,6 +164,7 @@ def test_local_model_dir_does_not_convert_when_told_not_to(monkeypatch, home, tm
     monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
     monkeypatch.setattr(models, "_convert_into", lambda *a: pytest.fail("converted"))
     assert models.local_model_dir(None, convert=False) is None
+    monkeypatch.setattr(models.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     assert models.local_model_dir("Qwen/Qwen2.5-Coder-0.5B-Instruct") is None
     monkeypatch.setattr(models, "_convert_into", fake_convert)
     converted = models.local_model_dir("builtin")
