@@ -106,6 +106,7 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
                     ttft = event.elapsed_s
             shares, anys = carrier(records, trial["needle"], cfg.page_size)
             row = {"context": context, "mode": mode, "budget_frac": budget_frac, "budget_tokens": budget,
+                   "summary_format": None if mode == "dense" else cfg.summary_format,
                    "depth": trial["depth"], "book": trial["book"], "value": trial["value"], "answer": text,
                    "correct": trial["value"] in text, "carrier_retention": sum(shares) / max(1, len(shares)),
                    "carrier_any": sum(anys) / max(1, len(anys)), "prompt_tokens": len(trial["ids"]),
@@ -150,11 +151,51 @@ def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[d
     fidelity.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def summarize_runs(out_dir: Path, contexts: list[int], model: str) -> list[dict]:
+    """Recompute the ``needle`` cells of ``fidelity.json`` at ``contexts`` from every trial in
+    ``needle_full.json`` (runs of one book or mode each add up; a prompt measured twice counts once, the
+    latest run's). LOCKS trials must all use one summary format per cell (those older runs that did not record
+    it count as the current default, ``LocksConfig().summary_format``). Returns the new cells.
+
+    Raises:
+        ValueError: no trials at those contexts, or two summary formats in one cell.
+    """
+    runs = json.loads((out_dir / "needle_full.json").read_text())["runs"]
+    latest = {}
+    for run in sorted(runs, key=lambda r: r["date"]):
+        for t in run["trials"]:
+            if t["context"] in contexts:
+                latest[(t["context"], t["mode"], t["budget_frac"], t["book"], t["depth"], t["value"])] = t
+    if not latest:
+        raise ValueError(f"no trials at contexts {contexts} in {out_dir / 'needle_full.json'}")
+    cells = {}
+    for t in latest.values():
+        cells.setdefault((t["context"], t["mode"], t["budget_frac"]), []).append(t)
+    summary = []
+    for (context, mode, frac), trials in sorted(cells.items()):
+        formats = {t.get("summary_format") or LocksConfig().summary_format for t in trials} if mode == "locks" else set()
+        if len(formats) > 1:
+            raise ValueError(f"{context} {mode} {frac}: trials of several summary formats {sorted(formats)}")
+        cell = {"model": model, "context": context, "mode": mode, "budget_frac": frac,
+                "accuracy": round(sum(t["correct"] for t in trials) / len(trials), 4), "trials": len(trials),
+                "carrier_retention": round(sum(t["carrier_retention"] for t in trials) / len(trials), 4)}
+        if formats:
+            cell["summary_format"] = formats.pop()
+        summary.append(cell)
+    fidelity = out_dir / "fidelity.json"
+    doc = json.loads(fidelity.read_text())
+    fresh = {(c["model"], c["context"], c["mode"], c["budget_frac"]) for c in summary}
+    doc["needle"] = [e for e in doc.get("needle", []) if (e["model"], e["context"], e["mode"], e["budget_frac"])
+                     not in fresh] + summary
+    fidelity.write_text(json.dumps(doc, indent=1) + "\n")
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="evaluation model directory (MODEL_DIR)")
+    ap.add_argument("--model", help="evaluation model directory (MODEL_DIR); not needed with --summarize")
     ap.add_argument("--model-name", default="Qwen2.5-Coder-0.5B-Instruct")
-    ap.add_argument("--books", nargs="+", required=True, help="haystack books (plain text)")
+    ap.add_argument("--books", nargs="+", help="haystack books (plain text); not needed with --summarize")
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192])
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     ap.add_argument("--budgets", type=float, nargs="*", default=[0.02, 0.05, 0.25])
@@ -162,7 +203,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-dense", action="store_true", help="skip the dense reference (measured in another run)")
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     ap.add_argument("--out-dir", default="samples/results")
+    ap.add_argument("--summarize", action="store_true",
+                    help="only recompute the cells at --contexts from every run in OUT_DIR/needle_full.json")
     args = ap.parse_args(argv)
+    if not args.summarize and not (args.model and args.books):
+        ap.error("--model and --books are needed (unless --summarize)")
+    if args.summarize:
+        for s in summarize_runs(Path(args.out_dir), args.contexts, args.model_name):
+            print(json.dumps(s))
+        return 0
     from transformers import AutoTokenizer
 
     def log(message: str) -> None:

@@ -1,0 +1,64 @@
+"""``samples/bench_needle.py --summarize``: cells recomputed from every run's trials (no engine here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def needle():
+    spec = importlib.util.spec_from_file_location("bench_needle", ROOT / "samples" / "bench_needle.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trial(mode, book, depth, correct, retention, fmt=None, context=16384, value="1234567"):
+    row = {"context": context, "mode": mode, "budget_frac": 1.0 if mode == "dense" else 0.05, "book": book,
+           "depth": depth, "value": value, "correct": correct, "carrier_retention": retention}
+    if fmt is not None:
+        row["summary_format"] = fmt
+    return row
+
+
+def write(out: Path, runs: list[dict], cells: list[dict]) -> None:
+    out.mkdir(exist_ok=True)
+    (out / "needle_full.json").write_text(json.dumps({"runs": runs}))
+    (out / "fidelity.json").write_text(json.dumps({"mass": [{"kept": True}], "needle": cells}))
+
+
+def test_summarize_adds_runs_up_and_counts_a_prompt_once(needle, tmp_path):
+    old_cell = {"model": "m", "context": 8192, "mode": "dense", "budget_frac": 1.0, "accuracy": 1.0, "trials": 20,
+                "carrier_retention": 1.0}
+    runs = [
+        {"date": "2026-11-29T16:00:00", "trials": [trial("locks", "a", 0.5, False, 0.5),
+                                                   trial("dense", "a", 0.5, True, 1.0)]},
+        # the same LOCKS prompt again (latest counts), and a new book
+        {"date": "2026-11-29T18:00:00", "trials": [trial("locks", "a", 0.5, True, 0.7, "chanlog"),
+                                                   trial("locks", "b", 0.1, True, 0.9, "chanlog"),
+                                                   trial("dense", "b", 0.1, False, 1.0)]},
+    ]
+    write(tmp_path, runs, [old_cell])
+    cells = needle.summarize_runs(tmp_path, [16384], "m")
+    by = {c["mode"]: c for c in cells}
+    assert by["locks"] == {"model": "m", "context": 16384, "mode": "locks", "budget_frac": 0.05, "accuracy": 1.0,
+                           "trials": 2, "carrier_retention": 0.8, "summary_format": "chanlog"}
+    assert (by["dense"]["accuracy"], by["dense"]["trials"]) == (0.5, 2) and "summary_format" not in by["dense"]
+    doc = json.loads((tmp_path / "fidelity.json").read_text())
+    assert doc["mass"] == [{"kept": True}] and old_cell in doc["needle"] and len(doc["needle"]) == 3
+
+
+def test_summarize_refuses_mixed_formats_and_empty_contexts(needle, tmp_path):
+    runs = [{"date": "d1", "trials": [trial("locks", "a", 0.5, True, 0.5, "colwise"),
+                                      trial("locks", "b", 0.5, True, 0.5, "chanlog")]}]
+    write(tmp_path, runs, [])
+    with pytest.raises(ValueError, match="several summary formats"):
+        needle.summarize_runs(tmp_path, [16384], "m")
+    with pytest.raises(ValueError, match="no trials at contexts"):
+        needle.summarize_runs(tmp_path, [32768], "m")
