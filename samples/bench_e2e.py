@@ -46,7 +46,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from locks_engine.config import LocksConfig
-from locks_engine.vllm_backend.probes import install_probes, read_probes, reset_probes
+from locks_engine.vllm_backend.probes import (
+    install_probes,
+    read_probes,
+    reset_probes,
+    start_profile,
+    stop_profile,
+)
 
 LLAMA_8B = {
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -143,7 +149,33 @@ def run_engine(args: argparse.Namespace) -> dict:
             result["cells"].append(cell)
             print(json.dumps({k: v for k, v in cell.items() if k != "tpot_ms_reps"}), flush=True)
         save_result(args, result)  # after every cell: a timed-out engine keeps what it measured
+    if args.profile_steps and time.perf_counter() < deadline:
+        result["profile"] = profile_decode(llm, SamplingParams, max(contexts), args.profile_steps, args, cfg)
+        save_result(args, result)
     return result
+
+
+def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -> dict:
+    """Torch profiler in every worker around ``steps`` decode tokens on the cached batch-1 prompt of ``ctx``
+    tokens (measured before, so its prefix is cached): the top kernels by self device time, per rank, with the
+    time per decode step."""
+    import numpy as np
+
+    # the batch-1 prompt of measure(): its prefix is in the cache
+    prompt = {"prompt_token_ids": np.random.default_rng([args.seed, ctx, 0]).integers(
+        3, cfg["vocab_size"], ctx).tolist()}
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, detokenize=False)
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
+    llm.apply_model(start_profile)
+    t0 = time.perf_counter()
+    llm.generate([prompt], params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    ranks = llm.apply_model(stop_profile)
+    for rows in ranks:
+        for row in rows:
+            row["self_device_us_per_step"] = round(row["self_device_us"] / steps, 2)
+    return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
+            "ranks": ranks}
 
 
 def merge_probes(per_rank: list[dict]) -> dict:
@@ -247,6 +279,8 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after the cells, profile this many decode tokens at the largest context (0: off)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed")
     parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
     parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
@@ -330,7 +364,8 @@ def child_args(args: argparse.Namespace) -> list[str]:
     return ["--shape", args.shape, "--contexts", args.contexts, "--batch", args.batch, "--decode", args.decode,
             "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
             "--summary-format", args.summary_format,
-            "--seed", str(args.seed), "--out", args.out, *(["--eager"] if args.eager else [])]
+            "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
+            *(["--eager"] if args.eager else [])]
 
 
 def check(results: list[dict]) -> list[str]:

@@ -173,3 +173,18 @@ def test_engine_process_group_is_killed_whole(bench, tmp_path) -> None:
     assert not alive, "the grandchild outlived the timeout"
     with open(tmp_path / "log", "w") as log:
         assert bench.run_engine_process([sys.executable, "-c", "pass"], log, timeout=30.0) == 0
+
+
+def test_worker_profile_lists_what_ran() -> None:
+    from locks_engine.vllm_backend.probes import start_profile, stop_profile
+
+    assert stop_profile(None) == []  # nothing started
+    model = torch.nn.Linear(64, 64)
+    assert start_profile(model) == 0
+    for _ in range(3):
+        model(torch.randn(8, 64))
+    rows = stop_profile(model, top=200)
+    names = {r["name"]: r for r in rows}
+    assert "aten::addmm" in names and names["aten::addmm"]["calls"] == 3
+    assert all(set(r) == {"name", "calls", "self_device_us", "device_us", "self_cpu_us", "cpu_us"} for r in rows)
+    assert stop_profile(model) == []  # stopped once

@@ -1,7 +1,8 @@
 """Benchmark probes that run inside vLLM's worker process (sent with ``LLM.apply_model``, by reference, so this
 module must import there): eager decode calls of the attention backends (a silent fallback from CUDA graphs
 shows as calls after capture), host time of their metadata builders per step, LOCKS' device counters and the
-bytes of its page summaries. Used by ``samples/bench_e2e.py``; importable without vLLM's GPU extras.
+bytes of its page summaries; and torch's profiler around chosen decode steps. Used by ``samples/bench_e2e.py``;
+importable without vLLM's GPU extras.
 """
 
 from __future__ import annotations
@@ -95,3 +96,48 @@ def reset_probes(model) -> int:
     """In the worker: zero every probe and counter (returns 0)."""
     read_probes(model, reset=True)
     return 0
+
+
+_PROFILER = None
+
+
+def start_profile(model) -> int:
+    """In the worker: start torch's profiler (CPU ops, and CUDA kernels on a GPU: CUPTI reports the kernels that a
+    CUDA-graph replay launches one by one, so a captured decode step is broken down too). Returns 0."""
+    global _PROFILER
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    _PROFILER = torch.profiler.profile(activities=activities)
+    _PROFILER.start()
+    return 0
+
+
+def stop_profile(model, top: int = 60) -> list[dict]:
+    """In the worker: stop the profiler of :func:`start_profile` and return its ``top`` entries by self device
+    time (self CPU time where no device time was recorded): ``name``, ``calls``, ``self_device_us``,
+    ``device_us``, ``self_cpu_us``, ``cpu_us`` (microseconds, totals over the profiled steps). ``[]`` when no
+    profiler runs."""
+    global _PROFILER
+    import torch
+
+    prof, _PROFILER = _PROFILER, None
+    if prof is None:
+        return []
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof.stop()
+    rows = []
+    for event in prof.key_averages():
+        rows.append({
+            "name": event.key[:200], "calls": int(event.count),
+            "self_device_us": round(float(getattr(event, "self_device_time_total", 0.0)), 1),
+            "device_us": round(float(getattr(event, "device_time_total", 0.0)), 1),
+            "self_cpu_us": round(float(event.self_cpu_time_total), 1),
+            "cpu_us": round(float(event.cpu_time_total), 1),
+        })
+    key = "self_device_us" if any(r["self_device_us"] > 0 for r in rows) else "self_cpu_us"
+    rows.sort(key=lambda r: -r[key])
+    return rows[:top]
