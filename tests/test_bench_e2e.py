@@ -6,9 +6,7 @@ the summary in the issue's format, and the depth fit (per-layer slope, fixed cos
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,19 +14,16 @@ import torch
 from locks_engine import LocksConfig
 from locks_engine.vllm_backend.impl import DeviceCounters
 from locks_engine.vllm_backend.probes import read_probes
+from tests.helpers import load_sample_script
 from tests.test_vllm_backend_scenarios import SCENARIOS, H, Run
 
-ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"shape", "context", "batch", "budget", "rank", "dense_tpot_ms", "locks_tpot_ms", "dense_prefill_s",
             "locks_prefill_s", "pages_read_frac", "layers", "extrapolated"}
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_e2e", ROOT / "samples" / "bench_e2e.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sample_script("bench_e2e")
 
 
 def test_device_counters_count_the_pages_selected() -> None:

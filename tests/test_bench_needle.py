@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import load_sample_script
 
 
 @pytest.fixture(scope="module")
 def needle():
-    spec = importlib.util.spec_from_file_location("bench_needle", ROOT / "samples" / "bench_needle.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sample_script("bench_needle")
 
 
 def trial(mode, book, depth, correct, retention, fmt=None, context=16384, value="1234567"):
