@@ -9,6 +9,7 @@ import pytest
 from locks_chat.engine import ModelTokenizer
 from locks_chat.errors import EngineError
 from locks_chat.sessions import SessionStore
+from locks_chat.settings import Settings
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.screens.chat import ChatScreen
@@ -241,3 +242,40 @@ async def test_a_book_that_cannot_fit_is_said_when_it_loads_without_waiting_for_
             assert screen.engine_starting.is_set() and engine.prompts == []
     finally:
         started.set()
+
+
+class FastEngine(FakeEngine):
+    """Streams a long answer at ``step_s`` seconds a token, faster than the screen handles per-token work."""
+
+    def __init__(self, words: int, step_s: float) -> None:
+        super().__init__(answer=" ".join(f"w{i}" for i in range(words)), bins_per_step=[[7, 8], [30, 31], [45]])
+        self.step_s = step_s
+
+    def stream(self, prompt_ids, max_tokens, cancel=None):
+        for event in super().stream(prompt_ids, max_tokens, cancel):
+            time.sleep(self.step_s)
+            yield event
+
+
+async def test_a_fast_engine_is_drawn_mid_answer_and_no_step_is_lost(book, monkeypatch):
+    """The screen takes what the answer's worker left 20 times a second (not one message per token): the panels
+    are drawn while the answer streams, every word arrives in order, and every step's pages count."""
+    drawn: list[int] = []
+    render = PageStrip.render
+
+    def spy(strip):
+        if strip.screen.answering:
+            drawn.append(strip.token)
+        return render(strip)
+
+    monkeypatch.setattr(PageStrip, "render", spy)
+    engine = FastEngine(words=400, step_s=0.0005)
+    app = build_app(book, ChatOptions(Settings(max_tokens=400)), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Talk?")
+        await until(pilot, lambda: not app.screen.answering, timeout=60, what="the answer")
+        mid_answer = {token for token in drawn if 0 < token < 400}
+        assert len(mid_answer) >= 2, f"the pages panel was drawn mid-answer at tokens {sorted(mid_answer)}"
+        strip = app.screen.query_one(PageStrip)
+        assert strip.token == 400 and answer_text(app).split() == [f"w{i}" for i in range(400)]
+        assert strip.seen == {1, 3, 4}

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from rich.text import Text
 
 from tests.tmux_support import TmuxApp, have_tmux, panel, signature
 
@@ -59,9 +60,10 @@ def terminal(fact_pdf, model_dir, user_home):
     app.close()
 
 
-def pages_panel(app: TmuxApp) -> tuple[int, list]:
-    """The generated-token number the panel shows, and the panel's strip (rows below its headline)."""
-    rows = panel(app.capture(escapes=True), "Pages read")
+def pages_panel(screen: str) -> tuple[int, list]:
+    """The generated-token number the panel shows on ``screen`` (captured with escapes), and the panel's strip
+    (rows below its headline)."""
+    rows = panel(screen, "Pages read")
     match = TOKEN.search(rows[0].plain) if rows else None
     return (int(match.group(1)) if match else 0), signature(rows[1:])
 
@@ -72,13 +74,15 @@ def test_real_app_answers_and_the_pages_panel_changes_between_tokens(terminal, u
     terminal.send("Enter")
     moments: dict[int, list] = {}
     deadline = time.monotonic() + 400
+    # one capture a turn, as often as tmux answers: the answer streams for two or three seconds only
     while time.monotonic() < deadline:
-        token, strip = pages_panel(terminal)
+        screen = terminal.capture(escapes=True)
+        token, strip = pages_panel(screen)
         if token:
             moments.setdefault(token, strip)
-        if "Ready:" in terminal.capture() and moments:
+        if moments and "Ready:" in Text.from_ansi(screen).plain:
             break
-        time.sleep(0.1)
+        time.sleep(0.02)
     screen = terminal.wait_for(lambda s: "Ready:" in s and "tokens ·" in s, timeout=60, what="the answer")
     assert len(moments) >= 2, f"the panel showed one token only: {sorted(moments)}"
     strips = [moments[token] for token in sorted(moments)]

@@ -1,7 +1,8 @@
 """The chat screen: the conversation and the prompt on the left, the live LOCKS panels on the right.
 
 Loading, engine starts and answers run in thread workers (``@work(thread=True, exclusive=True)``); they talk to
-the screen only through the messages below. The engine start and the tokenizer load run on daemon threads their
+the screen only through the messages below, and an answer's stream (text, step readings, ticks) through a
+:class:`~locks_chat.tui.mailbox.Mailbox` the screen drains 20 times a second. The engine start and the tokenizer load run on daemon threads their
 workers only wait for (``locks_chat.tui.background``): quitting does not wait for them. A book that cannot fit
 the context is said so when it is loaded (counted with the model's tokenizer, without the engine). While an
 answer streams the prompt is locked; Esc or Ctrl+C sets the answer's cancel event, which the engine checks
@@ -31,6 +32,7 @@ from locks_chat.transcript import turn_stats_text
 from locks_chat.tui.background import Abandoned, abandonable
 from locks_chat.tui.book_chat import BookChat
 from locks_chat.tui.commands import is_command, parse_command
+from locks_chat.tui.mailbox import DRAIN_PERIOD_S, Mailbox
 from locks_chat.tui.meter import EngineTick
 from locks_chat.tui.screens.chat_commands import ChatCommands
 from locks_chat.tui.screens.help import HelpScreen
@@ -79,17 +81,8 @@ class ChatScreen(Screen):
         """``load`` or ``engine``"""
         message: str
 
-    @dataclass
-    class Delta(Message):
-        text: str
-
-    @dataclass
-    class Step(Message):
-        reading: StepReading
-
-    @dataclass
-    class Ticked(Message):
-        tick: EngineTick
+    class Drain(Message):
+        """The answer's mailbox has text, step readings or ticks waiting."""
 
     @dataclass
     class Answered(Message):
@@ -106,6 +99,9 @@ class ChatScreen(Screen):
         self.cancel: threading.Event | None = None
         self.turn: TurnView | None = None
         self.turns_before = 0
+        self.mailbox = Mailbox()
+        """what the answer's worker left for the screen (text, step readings, ticks)"""
+        self._drain_posted = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -117,6 +113,7 @@ class ChatScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.set_interval(DRAIN_PERIOD_S, self._request_drain)
         self.app.sub_title = self.chat.path.name
         self.panels.set_settings(self.chat.settings)
         self.query_one(PromptInput).focus()
@@ -189,7 +186,7 @@ class ChatScreen(Screen):
         self.post_message(message)
 
     @work(thread=True, exclusive=True, group="answer")
-    def _answer(self, question: str, cancel: threading.Event) -> None:
+    def _answer(self, question: str, cancel: threading.Event, mailbox: Mailbox) -> None:
         try:
             self._wait_while(self.doc_loading, cancel)
             if self.chat.document is None:
@@ -197,10 +194,9 @@ class ChatScreen(Screen):
             if self.engine_starting.is_set():
                 abandonable(self.chat.check_fits, question)
             self._wait_while(self.engine_starting, cancel)
-            post = self.post_message
-            self.chat.answer(question, cancel, lambda t: post(self.Delta(t)), lambda r: post(self.Step(r)),
-                             lambda k: post(self.Ticked(k)))
-            post(self.Answered(question, "done"))
+            # one message per token would flood the screen's queue (it repaints only when that runs empty)
+            self.chat.answer(question, cancel, mailbox.put, mailbox.put, mailbox.put)
+            self.post_message(self.Answered(question, "done"))
         except (Cancelled, Abandoned):
             self.post_message(self.Answered(question, "cancelled"))
         except Exception as err:  # noqa: BLE001
@@ -231,13 +227,14 @@ class ChatScreen(Screen):
     async def ask(self, question: str) -> None:
         """Send a question to the engine; the prompt stays locked until the answer ends."""
         self.cancel = threading.Event()
+        self.mailbox = Mailbox()
         self.turns_before = len(self.chat.turns)
         self.query_one(PromptInput).disabled = True
         self.turn = await self.query_one(Conversation).add_turn(question)
         self.panels.new_answer()
         if self.doc_loading.is_set() or self.engine_starting.is_set():
             self.panels.progress.begin("answer", "Waiting for the engine; Esc cancels")
-        self._answer(question, self.cancel)
+        self._answer(question, self.cancel, self.mailbox)
 
     def action_stop(self) -> None:
         """Esc / Ctrl+C: stop the answer in flight (the engine aborts the request); otherwise Ctrl+C copies."""
@@ -291,18 +288,31 @@ class ChatScreen(Screen):
         else:
             progress.finish("Not ready (see the error)")
 
-    async def on_chat_screen_delta(self, message: Delta) -> None:
-        if self.turn is not None:
-            await self.turn.write(message.text)
+    def _request_drain(self) -> None:
+        if self.mailbox.pending() and not self._drain_posted:
+            self._drain_posted = True
+            self.post_message(self.Drain())
+
+    async def on_chat_screen_drain(self, message: Drain) -> None:
+        self._drain_posted = False
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Show what the answer's worker left: readings and ticks in order, the text in one write."""
+        text = []
+        for item in self.mailbox.take():
+            if isinstance(item, str):
+                text.append(item)
+            elif isinstance(item, StepReading):
+                self.panels.show_step(item)
+            elif isinstance(item, EngineTick):
+                self.panels.show_tick(item, self.chat.settings.max_tokens, self.chat.timings.prefill_tokens_per_s)
+        if text and self.turn is not None:
+            await self.turn.write("".join(text))
             self.query_one(Conversation).follow()
 
-    def on_chat_screen_step(self, message: Step) -> None:
-        self.panels.show_step(message.reading)
-
-    def on_chat_screen_ticked(self, message: Ticked) -> None:
-        self.panels.show_tick(message.tick, self.chat.settings.max_tokens, self.chat.timings.prefill_tokens_per_s)
-
     async def on_chat_screen_answered(self, message: Answered) -> None:
+        await self._drain()
         saved = self.chat.turns[-1] if len(self.chat.turns) > self.turns_before else None
         citations, stats = (saved.citations, saved.stats) if saved is not None else ([], {})
         if self.turn is not None:
