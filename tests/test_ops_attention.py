@@ -11,6 +11,7 @@ from locks_engine.ops import (
     select_pages,
     sparse_paged_attention,
 )
+from locks_engine.ops.paging import gather_selected_tokens, page_rows
 from tests.helpers import assert_close, make_scenario
 
 LENGTHS = {
@@ -109,3 +110,34 @@ def test_bf16_inputs_keep_dtype():
     ref, _ = dense_paged_attention(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, 16)
     assert out.dtype == torch.bfloat16
     assert_close("bf16", ref.float(), out.float(), 1e-2)
+
+
+@pytest.mark.parametrize("block_size", [16, 64], ids=lambda b: f"block{b}")
+def test_page_rows_gather_equals_token_gather_on_the_vllm_cpu_layout(block_size):
+    """vLLM's CPU cache (per block and KV head: K transposed `[D, block_size]`, then V `[block_size, D]`) is
+    gathered a page at a time; a contiguous `[num_blocks, block_size, H, D]` copy of it token by token: same
+    tokens, and the same attention as a full-budget selection's dense reference."""
+    sc = make_scenario([16 * 9 + 5, 40], num_kv_heads=3, groups=2, head_dim=32, block_size=block_size, seed=11)
+    nb, heads = sc.k_cache.shape[0], 3
+    cache = torch.cat((sc.k_cache.permute(0, 2, 3, 1).reshape(nb, heads, -1),
+                       sc.v_cache.transpose(1, 2).reshape(nb, heads, -1)), dim=-1).view(nb, heads, block_size, 64)
+    halves = cache.view(nb, heads, 2, -1)
+    k_view = halves[:, :, 0].view(nb, heads, 32, block_size).permute(0, 3, 1, 2)
+    v_view = halves[:, :, 1].view(nb, heads, block_size, 32).transpose(1, 2)
+    assert torch.equal(k_view, sc.k_cache) and torch.equal(v_view, sc.v_cache)
+    assert page_rows(v_view, 16) is not None
+    assert page_rows(k_view, 16) is None and page_rows(sc.k_cache, 16) is None
+    packed = torch.cat((sc.k_cache, sc.v_cache), dim=-1).transpose(1, 2).contiguous()  # HND, K | V
+    assert page_rows(packed[..., :32].transpose(1, 2), 16) is not None
+    gen = torch.Generator().manual_seed(1)
+    selected = torch.randint(-1, 10, (2, 3, 6), generator=gen).sort(dim=-1).values
+    hnd_k, hnd_v = packed[..., :32].transpose(1, 2), packed[..., 32:].transpose(1, 2)
+    for cache, view in ((sc.k_cache, k_view), (sc.v_cache, v_view), (sc.k_cache, hnd_k), (sc.v_cache, hnd_v)):
+        token_path = gather_selected_tokens(cache, sc.block_table, selected, 16)
+        assert torch.equal(gather_selected_tokens(view, sc.block_table, selected, 16), token_path)
+    cfg = LocksConfig(budget=16 * 64)
+    pmax = sc.block_table.shape[1] * block_size // 16
+    all_pages = select_pages(torch.zeros(2, 6, pmax), sc.seq_lens, 3, cfg)
+    out, _ = sparse_paged_attention(sc.q, k_view, v_view, sc.block_table, sc.seq_lens, all_pages, 16)
+    ref, _ = dense_paged_attention(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, 16)
+    assert_close("page-row attention", ref, out, 1e-5)

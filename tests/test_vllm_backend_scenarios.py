@@ -271,3 +271,16 @@ def test_tensor_parallel_ranks_compute_and_count_what_one_rank_does(tmp_path, mo
         for name in a:
             if name != "time_ns":
                 assert np.array_equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize(
+    "seq_lens,block_size,width",
+    [([1], 16, 1), ([16], 16, 1), ([17, 3], 16, 2), ([0, 0], 16, 1), ([], 16, 1), ([300, 40], 128, 3)],
+    ids=["one_token", "one_full_block", "partial_block", "empty_rows", "no_rows", "cpu_block_size"],
+)
+def test_cpu_decode_reads_only_the_block_table_columns_the_longest_row_reaches(seq_lens, block_size, width):
+    from locks_engine.vllm_backend.impl import used_blocks
+
+    table = torch.arange(len(seq_lens) * 64, dtype=torch.int32).view(len(seq_lens), 64)
+    trimmed = used_blocks(table, torch.tensor(seq_lens, dtype=torch.int32), block_size)
+    assert trimmed.shape == (len(seq_lens), width) and torch.equal(trimmed, table[:, :width])

@@ -69,6 +69,24 @@ def gather_pages(cache: Tensor, block_table: Tensor, page_size: int) -> Tensor:
     return blocks.reshape(seqs, max_blocks * ppb, page_size, heads, dim)
 
 
+def page_rows(cache: Tensor, page_size: int) -> Tensor | None:
+    """The cache as `[num_blocks * H, ppb, B, D]`, one row per (block, KV head) and one entry per page in the
+    block, a view without copying; ``None`` unless the block stride is ``H`` head strides and the head dim is
+    contiguous (then pages are gathered token by token, which is faster for a transposed K).
+
+    vLLM's CPU cache (per block and head: K transposed `[D, block_size]`, then V `[block_size, D]`) qualifies
+    for V, FLASH_ATTN's HND cache for both; NHD (`[num_blocks, block_size, H, D]`) for neither.
+    """
+    num_blocks, block_size, heads, dim = cache.shape
+    s_block, s_token, s_head, s_dim = cache.stride()
+    if s_block != heads * s_head or s_dim != 1:
+        return None
+    ppb = block_size // page_size
+    return cache.as_strided(
+        (num_blocks * heads, ppb, page_size, dim), (s_head, page_size * s_token, s_token, s_dim)
+    )
+
+
 def gather_selected_tokens(
     cache: Tensor, block_table: Tensor, selected: Tensor, page_size: int
 ) -> Tensor:
@@ -85,8 +103,12 @@ def gather_selected_tokens(
     ppb = pages_per_block(cache, page_size)
     pages = selected.clamp_min(0).long()  # [S, H, K]
     blocks = torch.gather(block_table.long(), 1, (pages // ppb).flatten(1)).view_as(pages)
-    offsets = (pages % ppb) * page_size
-    tokens = offsets.unsqueeze(-1) + torch.arange(page_size, device=cache.device)  # [S, H, K, B]
-    heads = torch.arange(cache.shape[2], device=cache.device).view(1, -1, 1, 1)
-    out = cache[blocks.unsqueeze(-1), tokens, heads]  # [S, H, K, B, D]
+    heads = torch.arange(cache.shape[2], device=cache.device).view(1, -1, 1)
+    rows = page_rows(cache, page_size)
+    if rows is not None:
+        # one B x D copy per selected page (on the CPU about twice as fast as indexing token by token)
+        out = rows[blocks * cache.shape[2] + heads, pages % ppb]  # [S, H, K, B, D]
+        return out.flatten(2, 3)
+    tokens = ((pages % ppb) * page_size).unsqueeze(-1) + torch.arange(page_size, device=cache.device)  # [S, H, K, B]
+    out = cache[blocks.unsqueeze(-1), tokens, heads.unsqueeze(-1)]  # [S, H, K, B, D]
     return out.flatten(2, 3)

