@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from locks_chat.errors import LocksChatError
+from locks_chat.errors import Cancelled, LocksChatError
 
 
 def _config(budget: int, rank: int, dense: bool):
@@ -44,9 +44,20 @@ def run_ask(
             fitting_prompt(counted, document, [question], max_tokens=max_tokens)
     with console.status("Starting the engine (vLLM + LOCKS)..."):
         engine = open_engine(model, cfg, context)
+    streamed: list[str] = []
+
+    def stream(text: str) -> None:
+        streamed.append(text)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
     try:
-        stream = None if json_out else (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
-        result = ask(engine, document, [question], max_tokens=max_tokens, on_text=stream)
+        result = ask(engine, document, [question], max_tokens=max_tokens, on_text=None if json_out else stream)
+    except Cancelled:
+        # the error line goes below the partial answer, not after its last word
+        if streamed and not "".join(streamed).endswith("\n"):
+            print(flush=True)
+        raise
     finally:
         engine.close()
     if json_out:

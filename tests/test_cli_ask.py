@@ -155,6 +155,8 @@ def test_ctrl_c_aborts_the_request_and_exits_130(book, engine):
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 130
     assert engine.aborted == 1 and engine.closed
+    # the partial answer ("The ") is ended before the one-line error
+    assert result.stdout == "The \n" and "interrupted: the request was aborted" in result.stderr
 
 
 def test_help_has_an_example():

