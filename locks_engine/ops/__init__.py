@@ -20,7 +20,7 @@ A page is complete when all its ``B`` tokens are written (``j < seq_len // B``);
 summaries, and the incomplete last page is always read.
 """
 
-from locks_engine.ops.attention import dense_paged_attention, sparse_paged_attention
+from locks_engine.ops.attention import attend_selected_pages, dense_paged_attention, sparse_paged_attention
 from locks_engine.ops.baselines import (
     QuestSummaries,
     SharedBasisSummaries,
@@ -51,6 +51,7 @@ __all__ = [
     "QuestSummaries",
     "SharedBasisSummaries",
     "allocate_page_summaries",
+    "attend_selected_pages",
     "attention_mass_kept",
     "build_cache_summaries",
     "build_page_summaries",

@@ -55,9 +55,30 @@ def sparse_paged_attention(
     Raises:
         ValueError: when ``B`` does not divide the block size.
     """
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
     keys = gather_selected_tokens(k_cache, block_table, selected, page_size)  # [S, H, K*B, D]
     values = gather_selected_tokens(v_cache, block_table, selected, page_size)
+    return attend_selected_pages(q, keys, values, selected, seq_lens, page_size, scale)
+
+
+def attend_selected_pages(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    selected: Tensor,
+    seq_lens: Tensor,
+    page_size: int,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The attention step of :func:`sparse_paged_attention` on K and V already gathered (for caches that no
+    strided view describes, such as vLLM's CPU ``amx`` layout: ``vllm_backend.compat.read_cpu_kv``).
+
+    Args:
+        q (Tensor): `[S, HQ, D]`; keys, values (Tensor): `[S, H, K*B, D]`, the tokens of ``selected`` in order.
+        selected (Tensor): `[S, H, K]` logical pages, ``-1`` unused; seq_lens (Tensor): `[S]` tokens.
+    Returns:
+        tuple: as :func:`sparse_paged_attention`.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     positions = selected.unsqueeze(-1) * page_size + torch.arange(page_size, device=q.device)  # [S, H, K, B]
     valid = (selected.unsqueeze(-1) >= 0) & (positions < seq_lens.view(-1, 1, 1, 1))
     out, lse = _attend(q, keys, values, valid.flatten(2), scale)

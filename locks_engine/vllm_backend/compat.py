@@ -10,16 +10,20 @@
 Both hand ``forward`` a per-layer tensor of logical shape ``[num_blocks, H, block_size, 2*D]``; what the last
 dim holds is the backend's own business. We use two interpretations (``split_kv_cache``):
 
-- ``"cpu_attn"`` (CPU): per (block, head) the first ``block_size * D`` elements are K transposed (``[D, bs]``),
-  the next ``block_size * D`` are V (``[bs, D]``), exactly as vLLM's CPU kernels of ISA ``vec``/``vec16``
-  write and read them, so that prefill can run on vLLM's CPU attention kernel (``check_cpu_layout`` proves the
-  match at startup). Other ISAs (``amx``) pack differently, so LOCKS always uses ``vec``/``vec16``.
+- ``"cpu_attn"`` (CPU): per (block, head) the first ``block_size * D`` elements are K, the next
+  ``block_size * D`` V, as vLLM's CPU kernels write and read them, so that prefill runs on vLLM's CPU attention
+  kernel (``check_cpu_layout`` proves the match at startup). How K and V are laid out inside depends on the
+  kernel's ISA (``cpu_isa``): ``vec``/``vec16``: K transposed (``[D, bs]``), V ``[bs, D]`` (views:
+  ``split_kv_cache``); ``amx`` (bf16 on CPUs with AMX tiles, about 3x faster prefill attention than ``vec``):
+  K as ``[bs/16, D/2, 16, 2]`` and V as ``[D/16, bs/2, 16, 2]`` (pairs interleaved for the tile instructions;
+  no strided view reaches a token's channels, so the decode path reads them with ``read_cpu_kv``).
 - ``"packed"`` (elsewhere): K in ``[..., :D]``, V in ``[..., D:]`` (vLLM's FLASH_ATTN convention).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from vllm.v1.attention.backend import AttentionBackend
@@ -48,9 +52,53 @@ def supported_kv_cache_layouts() -> tuple:
     return (KVCacheLayout.LBHNC,)
 
 
-def cpu_isa(head_size: int) -> str:
-    """The vLLM CPU attention ISA whose cache layout ``split_kv_cache`` reads: ``vec`` or ``vec16``."""
-    return "vec16" if head_size % 32 else "vec"
+#: Environment switch: ``vec`` keeps the LOCKS CPU path off ``amx`` (the layout every CPU has).
+ISA_ENV = "LOCKS_CPU_ISA"
+
+
+def cpu_isa(head_size: int, dtype: torch.dtype = torch.float32, block_size: int = 32, allow_amx: bool = True) -> str:
+    """The vLLM CPU attention ISA of LOCKS' CPU cache layout (module docstring): ``amx`` as vLLM's own CPU
+    backend would pick it (bf16, block size a multiple of 32, AMX tiles usable here, ``$LOCKS_CPU_ISA`` not
+    ``vec``), else ``vec``, or ``vec16`` for a head dim that 32 does not divide."""
+    if head_size % 32:
+        return "vec16"
+    amx = allow_amx and dtype == torch.bfloat16 and block_size % 32 == 0
+    if amx and os.environ.get(ISA_ENV, "").strip().lower() != "vec" and _amx_usable():
+        return "amx"
+    return "vec"
+
+
+@functools.cache
+def _amx_usable() -> bool:
+    """AMX tiles are present and this process may use them (Linux grants the tile state on request)."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported()) and bool(torch._C._cpu._init_amx())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def read_cpu_kv(
+    kv_cache: torch.Tensor, head_size: int, isa: str, blocks: torch.Tensor, heads: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of chosen tokens of a CPU cache laid out for ``isa`` (copies).
+
+    Args:
+        kv_cache (Tensor): one layer's cache `[num_blocks, H, block_size, 2*D]`.
+        blocks, heads, offsets (Tensor): int64 block ids, KV heads and token offsets in the block, broadcast to
+            one shape ``[...]``.
+    Returns:
+        tuple[Tensor, Tensor]: K and V of shape `[..., D]`.
+    """
+    if isa != "amx":
+        k_cache, v_cache = split_kv_cache(kv_cache, head_size, "cpu_attn")
+        return k_cache[blocks, offsets, heads], v_cache[blocks, offsets, heads]
+    num_blocks, heads_, block_size, _ = kv_cache.shape
+    k, v = kv_cache.view(num_blocks, heads_, 2, block_size * head_size).unbind(2)
+    k6 = k.view(num_blocks, heads_, block_size // 16, head_size // 2, 16, 2)
+    v6 = v.view(num_blocks, heads_, head_size // 16, block_size // 2, 16, 2)
+    keys = k6[blocks, heads, offsets // 16, :, offsets % 16]  # [..., D/2, 2]
+    values = v6[blocks, heads, :, offsets // 2, :, offsets % 2]  # [..., D/16, 16]
+    return keys.flatten(-2), values.flatten(-2)
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,29 +119,48 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int, layout: str) -> tuple
     return tokens_first[..., :head_size], tokens_first[..., head_size:]
 
 
-def check_cpu_layout(head_size: int, dtype: torch.dtype, num_kv_heads: int = 2) -> None:
-    """Prove that vLLM's CPU cache writer and ``split_kv_cache("cpu_attn")`` agree, on a scratch cache.
+def check_cpu_layout(
+    head_size: int, dtype: torch.dtype, num_kv_heads: int = 2, block_size: int = 32, allow_amx: bool = True
+) -> None:
+    """Prove that vLLM's CPU cache writer and ``read_cpu_kv`` (and for ``vec``/``vec16`` the views of
+    ``split_kv_cache``) agree, on a scratch cache in the layout of ``cpu_isa(head_size, dtype, block_size,
+    allow_amx)``.
 
     Raises:
         RuntimeError: they disagree (a vLLM build changed its CPU cache layout): LOCKS would read garbage.
     """
-    from vllm import _custom_ops as ops
-
-    blocks, block_size, tokens = 3, 32, 40
+    isa = cpu_isa(head_size, dtype, block_size, allow_amx)
+    blocks, tokens = 3, block_size + 8
     cache = torch.zeros(blocks, num_kv_heads, block_size, 2 * head_size, dtype=dtype)
     gen = torch.Generator().manual_seed(0)  # leave the global RNG alone
     key = torch.randn(tokens, num_kv_heads, head_size, generator=gen).to(dtype)
     value = torch.randn(tokens, num_kv_heads, head_size, generator=gen).to(dtype)
     slots = torch.arange(tokens) + block_size  # blocks 1 and 2
-    kc, vc = cache.view(blocks, num_kv_heads, 2 * block_size, head_size).chunk(2, dim=2)
-    ops.cpu_attn_reshape_and_cache(key, value, kc, vc, slots, cpu_isa(head_size))
-    k, v = split_kv_cache(cache, head_size, "cpu_attn")
-    if not (torch.equal(k[slots // block_size, slots % block_size], key)
-            and torch.equal(v[slots // block_size, slots % block_size], value)):
+    write_cpu_kv(cache, key, value, slots, head_size, isa)
+    heads = torch.arange(num_kv_heads).unsqueeze(0)
+    k, v = read_cpu_kv(cache, head_size, isa, (slots // block_size).unsqueeze(1), heads, (slots % block_size).unsqueeze(1))
+    same = torch.equal(k, key) and torch.equal(v, value)
+    if isa != "amx":
+        kv, vv = split_kv_cache(cache, head_size, "cpu_attn")
+        same = same and torch.equal(kv[slots // block_size, slots % block_size], key)
+        same = same and torch.equal(vv[slots // block_size, slots % block_size], value)
+    if not same:
         raise RuntimeError(
-            f"vLLM's CPU KV cache layout (isa {cpu_isa(head_size)}, D={head_size}) is not the one LOCKS reads: "
+            f"vLLM's CPU KV cache layout (isa {isa}, D={head_size}) is not the one LOCKS reads: "
             "update locks_engine/vllm_backend/compat.py for this vLLM build"
         )
+
+
+def write_cpu_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, head_size: int, isa: str
+) -> None:
+    """vLLM's CPU cache writer: ``key``/``value`` `[T, H, D]` at ``slot_mapping`` `[T]` (``-1`` skipped)."""
+    from vllm import _custom_ops as ops
+
+    num_blocks, heads, block_size, _ = kv_cache.shape
+    k_half, v_half = kv_cache.view(num_blocks, heads, 2 * block_size, head_size).chunk(2, dim=2)
+    tokens = slot_mapping.shape[0]
+    ops.cpu_attn_reshape_and_cache(key[:tokens], value[:tokens], k_half, v_half, slot_mapping, isa)
 
 
 def stats_rank() -> tuple[int, int] | None:

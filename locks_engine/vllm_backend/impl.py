@@ -12,6 +12,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from locks_engine.ops import (
     allocate_page_summaries,
+    attend_selected_pages,
     build_page_summaries,
     score_pages,
     select_pages,
@@ -19,7 +20,8 @@ from locks_engine.ops import (
     write_page_summaries,
 )
 from locks_engine.vllm_backend import compat, gpu
-from locks_engine.vllm_backend.debug import poison_unselected
+from locks_engine.ops.paging import selected_token_index
+from locks_engine.vllm_backend.debug import POISON_KEY, poison_unselected
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import attend_prefill
 
@@ -79,6 +81,12 @@ class LocksAttentionImpl(AttentionImpl):
         self._store = None
         self._store_key = None
         self.counters = DeviceCounters() if _config_flag(COUNTERS_KEY) else None
+        # the poisoning debug switch writes NaN through views of the cache, which ``amx`` has none of
+        self.allow_amx = not _config_flag(POISON_KEY)
+
+    def cpu_isa(self, kv_cache: Tensor) -> str:
+        """The vLLM CPU kernel ISA whose layout this layer's cache `[num_blocks, H, block_size, 2*D]` has."""
+        return compat.cpu_isa(self.head_size, kv_cache.dtype, kv_cache.shape[2], self.allow_amx)
 
     def do_kv_cache_update(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
         """Write this step's K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
@@ -88,6 +96,9 @@ class LocksAttentionImpl(AttentionImpl):
                 k_scale = torch.ones((), dtype=torch.float32, device=kv_cache.device)
             v_scale = getattr(layer, "_v_scale", k_scale)
             gpu.write_kv(key, value, kv_cache, slot_mapping, self.head_size, self.kv_cache_dtype, k_scale, v_scale)
+            return
+        if self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx":
+            compat.write_cpu_kv(kv_cache, key, value, slot_mapping, self.head_size, "amx")
             return
         k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
         block_size = k_cache.shape[1]
@@ -128,16 +139,19 @@ class LocksAttentionImpl(AttentionImpl):
         meta = attn_metadata
         nd = meta.num_decodes
         k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
-        store = None if meta.cfg.dense else self._summaries(k_cache, meta)
+        amx = self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx"
+        # no strided view reads the amx layout: its K/V are read with compat.read_cpu_kv
+        reader = (lambda *index: compat.read_cpu_kv(kv_cache, self.head_size, "amx", *index)) if amx else None
+        store = None if meta.cfg.dense else self._summaries(k_cache, meta, reader)
         if meta.prefill is not None:
             attend_prefill(
                 meta.prefill, query[nd : meta.num_actual_tokens], kv_cache, self.head_size, self.scale,
-                output[nd : meta.num_actual_tokens],
+                output[nd : meta.num_actual_tokens], "amx" if amx else None,
             )
         selected = num_pages = None
         scored = 0
         if nd:
-            selected, num_pages, scored = self._decode(query[:nd], k_cache, v_cache, store, meta, output[:nd])
+            selected, num_pages, scored = self._decode(query[:nd], k_cache, v_cache, store, meta, output[:nd], reader)
         last_layer = getattr(layer, "layer_name", meta.last_layer_name) == meta.last_layer_name
         if self.counters is not None and nd and last_layer:
             self.counters.add(selected, meta.seq_lens[:nd], meta.cfg.page_size, self.num_kv_heads)
@@ -147,7 +161,7 @@ class LocksAttentionImpl(AttentionImpl):
                 meta.stats.flush()
         return output
 
-    def _summaries(self, k_cache: Tensor, meta: LocksMetadata):
+    def _summaries(self, k_cache: Tensor, meta: LocksMetadata, reader=None):
         """This layer's summary store (allocated beside the cache on first use), updated with the pages
         completed this step. Allocated memory is not seen by vLLM's profiler: leave headroom for it."""
         page_size = meta.cfg.page_size
@@ -168,14 +182,20 @@ class LocksAttentionImpl(AttentionImpl):
             if k_cache.is_cuda:
                 gpu.summarize_pages(self._store, k_cache, meta.new_page_ids, slots, meta.cfg)
             else:
-                keys = k_cache[slots // k_cache.shape[1], slots % k_cache.shape[1]]  # [Pn, B, H, D]
+                blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]  # [Pn, B]
+                if reader is None:
+                    keys = k_cache[blocks, offsets]  # [Pn, B, H, D]
+                else:
+                    heads = torch.arange(self.num_kv_heads)
+                    keys = reader(blocks.long().unsqueeze(-1), heads, offsets.long().unsqueeze(-1))[0]
                 write_page_summaries(self._store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
         return self._store
 
-    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, store, meta: LocksMetadata, out: Tensor):
+    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, store, meta: LocksMetadata, out: Tensor,
+                reader=None):
         """Score, select and attend for the decode rows; returns ``(selected [S, H, K], num_pages [S],
         summaries scanned per KV head)``, the last two None unless statistics are kept (counting syncs with
-        the host)."""
+        the host). ``reader(blocks, heads, offsets) -> (K, V)`` reads a cache that no view describes."""
         cfg, nd = meta.cfg, meta.num_decodes
         seq_lens, block_table = meta.seq_lens[:nd], meta.block_table[:nd]
         if not k_cache.is_cuda:
@@ -189,6 +209,12 @@ class LocksAttentionImpl(AttentionImpl):
             restore = poison_unselected(k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size)
         if k_cache.is_cuda:
             gpu.attend(q, k_cache, v_cache, block_table, seq_lens, selected, cfg, self.scale, out)
+        elif reader is not None:
+            blocks, offsets = selected_token_index(block_table, selected, cfg.page_size, k_cache.shape[1] // cfg.page_size)
+            heads = torch.arange(self.num_kv_heads).view(1, -1, 1, 1)
+            keys, values = (t.flatten(2, 3) for t in reader(blocks, heads, offsets))  # [S, H, K*B, D]
+            attn, _ = attend_selected_pages(q, keys, values, selected, seq_lens, cfg.page_size, self.scale)
+            out.copy_(attn)
         else:
             attn, _ = sparse_paged_attention(
                 q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale

@@ -98,11 +98,12 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             )
         self.ppb = self.block_size // self.cfg.page_size
         self.on_cuda = torch.device(device).type == "cuda"
+        self.poison = bool(extra.get(POISON_KEY, False))
         if compat.on_cpu():
-            compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads)
+            compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads,
+                                    self.block_size, allow_amx=not self.poison)
         total, locks = check_layers(vllm_config)
         self.last_layer_name = layer_names[-1] if layer_names else ""
-        self.poison = bool(extra.get(POISON_KEY, False))
         self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks)
 
     def _open_stats(self, path, spec, vllm_config, total: int, locks: int) -> StepStats | None:

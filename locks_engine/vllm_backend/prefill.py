@@ -1,7 +1,7 @@
 """Dense attention for the prefill rows of a step (LOCKS only changes decode).
 
-On vLLM's CPU platform the rows run on vLLM's own CPU attention kernel (ISA ``vec``/``vec16``, whose cache
-layout ``compat.split_kv_cache("cpu_attn")`` reads); on CUDA, fp16/bf16 rows run on vLLM's FlashAttention
+On vLLM's CPU platform the rows run on vLLM's own CPU attention kernel (ISA ``amx``, ``vec`` or ``vec16``:
+the layout of the cache, ``compat.cpu_isa``); on CUDA, fp16/bf16 rows run on vLLM's FlashAttention
 (``flash_attn_varlen_func`` over the paged cache, as vLLM's FLASH_ATTN backend calls it); anything else (fp32,
 CPU tensors off vLLM's CPU platform) on a plain-torch path that attends each row over its cached keys with a
 causal mask, in query chunks (correct, not fast).
@@ -35,11 +35,12 @@ class PrefillRows:
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
     schedules: dict = field(default_factory=dict)
-    """vLLM CPU kernel schedule by query head count, built by the first layer that needs it."""
+    """vLLM CPU kernel schedule by (query head count, ISA), built by the first layer that needs it."""
 
 
 def attend_prefill(
-    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor
+    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor,
+    cpu_isa: str | None = None,
 ) -> None:
     """Causal attention of the prefill rows' queries over their cached keys, written into ``out``.
 
@@ -49,9 +50,11 @@ def attend_prefill(
         kv_cache (Tensor): this layer's cache `[num_blocks, H, block_size, 2*D]` (K/V already written).
         head_size (int): D. scale (float): softmax scale.
         out (Tensor): `[T, HQ, D]`, written in place.
+        cpu_isa (str | None): vLLM CPU kernel ISA of the cache's layout (``compat.cpu_isa``); None: ``vec`` or
+            ``vec16``.
     """
     if compat.on_cpu():
-        _attend_cpu_kernel(rows, query, kv_cache, head_size, scale, out)
+        _attend_cpu_kernel(rows, query, kv_cache, head_size, scale, out, cpu_isa)
     elif query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
         _attend_flash(rows, query, kv_cache, head_size, scale, out)
     else:
@@ -98,15 +101,16 @@ def _attend_flash(
 
 
 def _attend_cpu_kernel(
-    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor
+    rows: PrefillRows, query: Tensor, kv_cache: Tensor, head_size: int, scale: float, out: Tensor,
+    isa: str | None,
 ) -> None:
     from vllm import _custom_ops as ops
 
     num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
     key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, head_size).chunk(2, dim=2)
     num_heads = query.shape[1]
-    isa = compat.cpu_isa(head_size)
-    schedule = rows.schedules.get(num_heads)
+    isa = isa or compat.cpu_isa(head_size, allow_amx=False)
+    schedule = rows.schedules.get((num_heads, isa))
     if schedule is None:
         schedule = ops.cpu_attn_get_scheduler_metadata(
             num_reqs=rows.seq_lens.shape[0],
@@ -121,7 +125,7 @@ def _attend_cpu_kernel(
             isa=isa,
             enable_kv_split=True,
         )
-        rows.schedules[num_heads] = schedule
+        rows.schedules[(num_heads, isa)] = schedule
     ops.cpu_attention_with_kv_cache(
         query=query,
         key_cache=key_cache,
