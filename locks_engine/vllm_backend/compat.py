@@ -92,13 +92,44 @@ def read_cpu_kv(
     if isa != "amx":
         k_cache, v_cache = split_kv_cache(kv_cache, head_size, "cpu_attn")
         return k_cache[blocks, offsets, heads], v_cache[blocks, offsets, heads]
-    num_blocks, heads_, block_size, _ = kv_cache.shape
-    k, v = kv_cache.view(num_blocks, heads_, 2, block_size * head_size).unbind(2)
-    k6 = k.view(num_blocks, heads_, block_size // 16, head_size // 2, 16, 2)
-    v6 = v.view(num_blocks, heads_, head_size // 16, block_size // 2, 16, 2)
+    k6, v6 = _amx_views(kv_cache, head_size)
     keys = k6[blocks, heads, offsets // 16, :, offsets % 16]  # [..., D/2, 2]
     values = v6[blocks, heads, :, offsets // 2, :, offsets % 2]  # [..., D/16, 16]
     return keys.flatten(-2), values.flatten(-2)
+
+
+def read_cpu_pages(
+    kv_cache: torch.Tensor, head_size: int, isa: str, blocks: torch.Tensor, heads: torch.Tensor,
+    pages: torch.Tensor, page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of whole pages of a CPU cache laid out for ``isa``: `[..., B, D]` each.
+
+    Args:
+        blocks, heads, pages (Tensor): int64 block ids, KV heads and page indices inside the block (``B``-token
+            pages), broadcast to one shape ``[...]``.
+    With ``amx`` and ``B = 16`` a page is one contiguous run of K (`[D/2, 16, 2]`) and ``D / 16`` runs of V
+    (`[8, 16, 2]` each), copied whole and then put in token order; other cases read token by token.
+    """
+    if isa != "amx" or page_size != 16:
+        offsets = pages.unsqueeze(-1) * page_size + torch.arange(page_size)
+        return read_cpu_kv(kv_cache, head_size, isa, blocks.unsqueeze(-1), heads.unsqueeze(-1), offsets)
+    num_blocks, num_heads, block_size, _ = kv_cache.shape
+    k, v = kv_cache.view(num_blocks, num_heads, 2, block_size * head_size).unbind(2)
+    k_runs = k.view(num_blocks, num_heads, block_size // 16, head_size * 16)
+    v_runs = v.view(num_blocks, num_heads, head_size // 16, block_size // 16, 256)
+    keys = k_runs[blocks, heads, pages].unflatten(-1, (head_size // 2, 16, 2))  # [..., D/2, 16, 2]
+    values = v_runs[blocks, heads, :, pages].unflatten(-1, (8, 16, 2))  # [..., D/16, 8, 16, 2]
+    keys = keys.transpose(-3, -2).flatten(-2)  # [..., 16, D]
+    values = values.permute(*range(values.dim() - 4), -3, -1, -4, -2).flatten(-4, -3).flatten(-2)
+    return keys, values
+
+
+def _amx_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K as `[num_blocks, H, bs/16, D/2, 16, 2]` and V as `[num_blocks, H, D/16, bs/2, 16, 2]` (views)."""
+    num_blocks, num_heads, block_size, _ = kv_cache.shape
+    k, v = kv_cache.view(num_blocks, num_heads, 2, block_size * head_size).unbind(2)
+    return (k.view(num_blocks, num_heads, block_size // 16, head_size // 2, 16, 2),
+            v.view(num_blocks, num_heads, head_size // 16, block_size // 2, 16, 2))
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +171,11 @@ def check_cpu_layout(
     heads = torch.arange(num_kv_heads).unsqueeze(0)
     k, v = read_cpu_kv(cache, head_size, isa, (slots // block_size).unsqueeze(1), heads, (slots % block_size).unsqueeze(1))
     same = torch.equal(k, key) and torch.equal(v, value)
+    # the page reader, over the 16-token pages of block 1 (filled), every head: [H, P, 16, D]
+    pages = torch.arange(block_size // 16)
+    pk, pv = read_cpu_pages(cache, head_size, isa, torch.ones_like(pages), heads.T, pages, 16)
+    expect = lambda x: x[:block_size].view(-1, 16, num_kv_heads, head_size).permute(2, 0, 1, 3)  # noqa: E731
+    same = same and torch.equal(pk, expect(key)) and torch.equal(pv, expect(value))
     if isa != "amx":
         kv, vv = split_kv_cache(cache, head_size, "cpu_attn")
         same = same and torch.equal(kv[slots // block_size, slots % block_size], key)

@@ -20,7 +20,6 @@ from locks_engine.ops import (
     write_page_summaries,
 )
 from locks_engine.vllm_backend import compat, gpu
-from locks_engine.ops.paging import selected_token_index
 from locks_engine.vllm_backend.debug import POISON_KEY, poison_unselected
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import attend_prefill
@@ -140,8 +139,11 @@ class LocksAttentionImpl(AttentionImpl):
         nd = meta.num_decodes
         k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
         amx = self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx"
-        # no strided view reads the amx layout: its K/V are read with compat.read_cpu_kv
-        reader = (lambda *index: compat.read_cpu_kv(kv_cache, self.head_size, "amx", *index)) if amx else None
+        # no strided view reads the amx layout: its K/V pages are read with compat.read_cpu_pages
+        reader = None
+        if amx:
+            reader = lambda blocks, heads, pages: compat.read_cpu_pages(  # noqa: E731
+                kv_cache, self.head_size, "amx", blocks, heads, pages, meta.cfg.page_size)
         store = None if meta.cfg.dense else self._summaries(k_cache, meta, reader)
         if meta.prefill is not None:
             attend_prefill(
@@ -182,12 +184,13 @@ class LocksAttentionImpl(AttentionImpl):
             if k_cache.is_cuda:
                 gpu.summarize_pages(self._store, k_cache, meta.new_page_ids, slots, meta.cfg)
             else:
-                blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]  # [Pn, B]
                 if reader is None:
-                    keys = k_cache[blocks, offsets]  # [Pn, B, H, D]
+                    keys = k_cache[slots // k_cache.shape[1], slots % k_cache.shape[1]]  # [Pn, B, H, D]
                 else:
-                    heads = torch.arange(self.num_kv_heads)
-                    keys = reader(blocks.long().unsqueeze(-1), heads, offsets.long().unsqueeze(-1))[0]
+                    ppb = k_cache.shape[1] // page_size
+                    ids = meta.new_page_ids.long().unsqueeze(1)  # [Pn, 1]
+                    heads = torch.arange(self.num_kv_heads).unsqueeze(0)
+                    keys = reader(ids // ppb, heads, ids % ppb)[0].transpose(1, 2)  # [Pn, B, H, D]
                 write_page_summaries(self._store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
         return self._store
 
@@ -210,9 +213,11 @@ class LocksAttentionImpl(AttentionImpl):
         if k_cache.is_cuda:
             gpu.attend(q, k_cache, v_cache, block_table, seq_lens, selected, cfg, self.scale, out)
         elif reader is not None:
-            blocks, offsets = selected_token_index(block_table, selected, cfg.page_size, k_cache.shape[1] // cfg.page_size)
-            heads = torch.arange(self.num_kv_heads).view(1, -1, 1, 1)
-            keys, values = (t.flatten(2, 3) for t in reader(blocks, heads, offsets))  # [S, H, K*B, D]
+            ppb = k_cache.shape[1] // cfg.page_size
+            pages = selected.clamp_min(0).long()  # [S, H, K]; -1 reads page 0, masked in the attention
+            blocks = torch.gather(block_table.long(), 1, (pages // ppb).flatten(1)).view_as(pages)
+            heads = torch.arange(self.num_kv_heads).view(1, -1, 1)
+            keys, values = (t.flatten(2, 3) for t in reader(blocks, heads, pages % ppb))  # [S, H, K*B, D]
             attn, _ = attend_selected_pages(q, keys, values, selected, seq_lens, cfg.page_size, self.scale)
             out.copy_(attn)
         else:
