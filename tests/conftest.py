@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own user directory (``LOCKS_CHAT_HOME``)."""
+"""Shared fixtures: every test gets its own user directory (``LOCKS_CHAT_HOME``); the built-in model's directory
+for the real-engine tests (skipped when it cannot be installed)."""
 
 import pytest
 
@@ -8,3 +9,14 @@ def user_home(tmp_path, monkeypatch):
     home = tmp_path / "locks-home"
     monkeypatch.setenv("LOCKS_CHAT_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    """The built-in model's local directory (converted on first use); skips the module when unavailable."""
+    from locks_engine.models import ModelError, resolve_model
+
+    try:
+        return str(resolve_model(None))
+    except ModelError as err:
+        pytest.skip(f"built-in model unavailable: {err}")

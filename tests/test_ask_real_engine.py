@@ -26,16 +26,6 @@ def filler(rng: random.Random, sentences: int) -> str:
     return " ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(sentences))
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from locks_engine.models import ModelError, resolve_model
-
-    try:
-        return str(resolve_model(None))
-    except ModelError as err:
-        pytest.skip(f"built-in model unavailable: {err}")
-
-
 @pytest.fixture
 def fact_pdf(tmp_path):
     rng = random.Random(7)

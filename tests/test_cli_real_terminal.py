@@ -24,16 +24,6 @@ pytest.importorskip("vllm", reason="vllm is not installed (see the README's inst
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "lighthouse.md"
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from locks_engine.models import ModelError, resolve_model
-
-    try:
-        return str(resolve_model(None))
-    except ModelError as err:
-        pytest.skip(f"built-in model unavailable: {err}")
-
-
 def engine_processes(pids: set[int]) -> set[int]:
     """Which of ``pids`` are still alive."""
     alive = set()

@@ -27,16 +27,6 @@ QUESTION = "In which year was the lighthouse on Gull Rock automated?"
 TOKEN = re.compile(r"token (\d+):")
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from locks_engine.models import ModelError, resolve_model
-
-    try:
-        return str(resolve_model(None))
-    except ModelError as err:
-        pytest.skip(f"built-in model unavailable: {err}")
-
-
 @pytest.fixture
 def fact_pdf(tmp_path):
     from tests.ingest_samples import text_pdf
