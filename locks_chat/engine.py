@@ -91,6 +91,8 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
         tokenizer, a config without a context length, or a tokenizer that does not load (the engine says why).
     Raises:
         ModelPathError, EngineError: the model cannot be found or converted (as :func:`open_engine` raises).
+        ContextError: ``max_model_len`` is more than the model's context (``config.json``) and
+            ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is not set (exit 2).
     """
     from locks_engine.models import (
         ModelError,
@@ -105,9 +107,18 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
         raise errors.ModelPathError(str(err)) from err
     except ModelError as err:
         raise EngineError(str(err)) from err
-    if model_dir is None or any(any(model_dir.glob(name)) for name in MISTRAL_TOKENIZER_FILES):
+    if model_dir is None:
         return None
-    max_context = max_model_len if max_model_len and max_model_len > 0 else context_upper_bound(model_dir)
+    longest = context_upper_bound(model_dir)
+    if max_model_len and longest and max_model_len > longest and not os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        # vLLM refuses it too, after a 15-75 s start and with a validation error
+        raise errors.ContextError(
+            f"--context {max_model_len:,} is more than this model's {longest:,}-token context: pass at most "
+            f"{longest} (or leave --context out)"
+        )
+    if any(any(model_dir.glob(name)) for name in MISTRAL_TOKENIZER_FILES):
+        return None
+    max_context = max_model_len if max_model_len and max_model_len > 0 else longest
     if max_context is None:
         return None
     try:

@@ -15,7 +15,9 @@ the next conversion removes). transformers and gguf are imported lazily, only wh
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -270,10 +272,15 @@ def _convert_into(gguf_path: Path, out: Path, dtype: str) -> None:
     """Load the GGUF with transformers (dequantized to fp32), save it as a plain checkpoint in ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # the callers say that the model is being converted; transformers' progress bars would print over it (the
+    # GGUF reader's own tqdm bar ignores transformers' switch, so its stderr is kept too; failures still raise)
+    hf_logging.disable_progress_bar()
+    with contextlib.redirect_stderr(io.StringIO()):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     # transformers 5 attaches a GGUF quantizer that cannot be serialized; the weights are already dequantized.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

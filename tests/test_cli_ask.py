@@ -169,3 +169,15 @@ def test_a_model_path_that_does_not_exist_is_bad_input(book, monkeypatch, tmp_pa
     monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
     result = runner.invoke(app, ["ask", str(book), "q", "--model", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "no such model directory" in result.stderr
+
+
+def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book, monkeypatch, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}')
+    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    result = runner.invoke(app, ["ask", str(book), "q", "--model", str(model), "--context", "99999999"])
+    assert result.exit_code == 2
+    assert "--context 99,999,999 is more than this model's 4,096-token context: pass at most 4096" in result.stderr
