@@ -70,7 +70,7 @@ def attend_selected_pages(
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The attention step of :func:`sparse_paged_attention` on K and V already gathered (for caches that no
-    strided view describes, such as vLLM's CPU ``amx`` layout: ``vllm_backend.compat.read_cpu_kv``).
+    strided view describes, such as vLLM's CPU ``amx`` layout: ``vllm_backend.compat.read_cpu_pages``).
 
     Args:
         q (Tensor): `[S, HQ, D]`; keys, values (Tensor): `[S, H, K*B, D]`, the tokens of ``selected`` in order.

@@ -101,23 +101,19 @@ def gather_selected_tokens(
         Tensor: shape `[S, H, K * B, D]`.
     """
     ppb = pages_per_block(cache, page_size)
+    blocks, in_block = selected_blocks(block_table, selected, ppb)  # [S, H, K]
+    heads = torch.arange(cache.shape[2], device=cache.device).view(1, -1, 1)
     rows = page_rows(cache, page_size)
     if rows is not None:
         # one B x D copy per selected page (on the CPU about twice as fast as indexing token by token)
-        pages = selected.clamp_min(0).long()  # [S, H, K]
-        blocks = torch.gather(block_table.long(), 1, (pages // ppb).flatten(1)).view_as(pages)
-        heads = torch.arange(cache.shape[2], device=cache.device).view(1, -1, 1)
-        return rows[blocks * cache.shape[2] + heads, pages % ppb].flatten(2, 3)  # [S, H, K*B, D]
-    blocks, offsets = selected_token_index(block_table, selected, page_size, ppb)
-    heads = torch.arange(cache.shape[2], device=cache.device).view(1, -1, 1, 1)
-    return cache[blocks, offsets, heads].flatten(2, 3)  # [S, H, K*B, D]
+        return rows[blocks * cache.shape[2] + heads, in_block].flatten(2, 3)  # [S, H, K*B, D]
+    tokens = (in_block * page_size).unsqueeze(-1) + torch.arange(page_size, device=cache.device)  # [S, H, K, B]
+    return cache[blocks.unsqueeze(-1), tokens, heads.unsqueeze(-1)].flatten(2, 3)  # [S, H, K*B, D]
 
 
-def selected_token_index(block_table: Tensor, selected: Tensor, page_size: int, ppb: int) -> tuple[Tensor, Tensor]:
-    """Where the tokens of the selected pages are: ``(blocks, offsets)``, int64 `[S, H, K, B]` physical block
-    ids and token offsets in the block (``selected`` `[S, H, K]` as in :func:`gather_selected_tokens`; ``-1``
-    reads page 0)."""
+def selected_blocks(block_table: Tensor, selected: Tensor, ppb: int) -> tuple[Tensor, Tensor]:
+    """Where the selected pages are: ``(blocks, pages_in_block)``, int64 `[S, H, K]` physical block ids and
+    page indices inside the block (``selected`` `[S, H, K]` logical pages; ``-1`` reads page 0)."""
     pages = selected.clamp_min(0).long()
     blocks = torch.gather(block_table.long(), 1, (pages // ppb).flatten(1)).view_as(pages)
-    offsets = ((pages % ppb) * page_size).unsqueeze(-1) + torch.arange(page_size, device=selected.device)
-    return blocks.unsqueeze(-1).expand_as(offsets), offsets
+    return blocks, pages % ppb

@@ -19,6 +19,7 @@ from locks_engine.ops import (
     sparse_paged_attention,
     write_page_summaries,
 )
+from locks_engine.ops.paging import selected_blocks
 from locks_engine.vllm_backend import compat, gpu
 from locks_engine.vllm_backend.debug import POISON_KEY, poison_unselected
 from locks_engine.vllm_backend.metadata import LocksMetadata
@@ -87,6 +88,9 @@ class LocksAttentionImpl(AttentionImpl):
         """The vLLM CPU kernel ISA whose layout this layer's cache `[num_blocks, H, block_size, 2*D]` has."""
         return compat.cpu_isa(self.head_size, kv_cache.dtype, kv_cache.shape[2], self.allow_amx)
 
+    def _on_amx(self, kv_cache: Tensor) -> bool:
+        return self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx"
+
     def do_kv_cache_update(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
         """Write this step's K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
         if kv_cache.is_cuda:
@@ -96,7 +100,7 @@ class LocksAttentionImpl(AttentionImpl):
             v_scale = getattr(layer, "_v_scale", k_scale)
             gpu.write_kv(key, value, kv_cache, slot_mapping, self.head_size, self.kv_cache_dtype, k_scale, v_scale)
             return
-        if self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx":
+        if self._on_amx(kv_cache):
             compat.write_cpu_kv(kv_cache, key, value, slot_mapping, self.head_size, "amx")
             return
         k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
@@ -138,7 +142,7 @@ class LocksAttentionImpl(AttentionImpl):
         meta = attn_metadata
         nd = meta.num_decodes
         k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
-        amx = self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx"
+        amx = self._on_amx(kv_cache)
         # no strided view reads the amx layout: its K/V pages are read with compat.read_cpu_pages
         reader = None
         if amx:
@@ -213,11 +217,10 @@ class LocksAttentionImpl(AttentionImpl):
         if k_cache.is_cuda:
             gpu.attend(q, k_cache, v_cache, block_table, seq_lens, selected, cfg, self.scale, out)
         elif reader is not None:
-            ppb = k_cache.shape[1] // cfg.page_size
-            pages = selected.clamp_min(0).long()  # [S, H, K]; -1 reads page 0, masked in the attention
-            blocks = torch.gather(block_table.long(), 1, (pages // ppb).flatten(1)).view_as(pages)
+            # -1 slots read page 0, masked in the attention
+            blocks, in_block = selected_blocks(block_table, selected, k_cache.shape[1] // cfg.page_size)
             heads = torch.arange(self.num_kv_heads).view(1, -1, 1)
-            keys, values = (t.flatten(2, 3) for t in reader(blocks, heads, pages % ppb))  # [S, H, K*B, D]
+            keys, values = (t.flatten(2, 3) for t in reader(blocks, heads, in_block))  # [S, H, K*B, D]
             attn, _ = attend_selected_pages(q, keys, values, selected, seq_lens, cfg.page_size, self.scale)
             out.copy_(attn)
         else:
