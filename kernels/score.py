@@ -11,7 +11,8 @@ exists because unpacking int4 to fp16 cost more instructions than anything else.
 scale per channel) dequantize the basis in registers as an fp16 hi + lo pair with the scales applied, one
 product for the tile (``_chanlog_basis_fp16``); folding the scales into the query instead makes its fixed-point
 pair per page, one batched int8 product per page (``_chanlog_basis_query``, ``chanlog_path="int8"``), which
-compiles to ~1.4x the instructions (SASS for sm_90, ``NOTES.md``).
+compiles to ~1.4x the instructions (SASS for sm_90, ``NOTES.md``). ``colwise8`` summaries (int8 basis, one scale
+per direction) need neither: the basis goes into the int8 products as stored, against the same fixed-point query.
 """
 
 from __future__ import annotations
@@ -113,8 +114,13 @@ def _score_pages_kernel(
             DH: tl.constexpr = D // 2
             o_dh = tl.arange(0, DH)
             b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :], mask=live[:, None], other=0)
-            b_p = tl.load(basis_ptr + row[:, :, None] * DH + o_dh[None, None, :], mask=m_row[:, :, None], other=0)
-            b_p = tl.reshape(b_p, [TP * RP, DH])  # int4 pairs
+            if FMT == 4:
+                b_v8 = tl.reshape(tl.load(basis_ptr + row[:, :, None] * D + o_d[None, None, :],
+                                          mask=m_row[:, :, None], other=0), [TP * RP, D])  # int8
+            else:
+                b_p = tl.load(basis_ptr + row[:, :, None] * DH + o_dh[None, None, :], mask=m_row[:, :, None],
+                              other=0)
+                b_p = tl.reshape(b_p, [TP * RP, DH])  # int4 pairs
             if FMT == 1:
                 s_mu = tl.load(centroid_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
                 s_w = (tl.load(basis_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
@@ -131,30 +137,42 @@ def _score_pages_kernel(
             qmu = tl.dot(b_mu.to(tl.float16), b_q.to(tl.float16))
             if FMT == 1:
                 qmu *= s_mu[:, None]
-            # V q on the int8 matrix units: the basis as unsigned nibbles (V = nib - 8), the query as a 16-bit
-            # fixed-point pair per head, q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
-            b_qe = tl.load(p_q + 2 * o_dh[:, None], mask=m_g[None, :], other=0.0).to(tl.float32)  # [D/2, GP]
-            b_qo = tl.load(p_q + 2 * o_dh[:, None] + 1, mask=m_g[None, :], other=0.0).to(tl.float32)
-            b_lo = (b_p & 15).to(tl.int8)
-            b_hi = (b_p >> 4).to(tl.int8)
-            if FMT == 3 and CHANLOG_PATH == 1:
-                b_w = _chanlog_basis_fp16(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP, GP) * s_w[:, :, None]
-            elif FMT == 3:
-                b_w = _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP) * s_w[:, :, None]
-            else:
-                s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=0), tl.max(tl.abs(b_qo), axis=0)) / 32512.0  # [GP]
+            # V q on the int8 matrix units: the query as a 16-bit fixed-point pair per head,
+            # q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
+            if FMT == 4:
+                # int8 basis: straight into the products, no unpacking, one scale per direction (in s_w)
+                b_qf = b_q.to(tl.float32)  # [D, GP]
+                s_q = tl.max(tl.abs(b_qf), axis=0) / 32512.0  # [GP]
                 s_q = tl.where(s_q > 0.0, s_q, 1.0)  # q_hi <= 127
-                qe_int = tl.floor(b_qe / s_q[None, :] + 0.5)
-                qo_int = tl.floor(b_qo / s_q[None, :] + 0.5)
-                qe_hi = tl.floor((qe_int + 128.0) / 256.0)
-                qo_hi = tl.floor((qo_int + 128.0) / 256.0)
-                qe_lo = (qe_int - 256.0 * qe_hi).to(tl.int8)
-                qo_lo = (qo_int - 256.0 * qo_hi).to(tl.int8)
-                q_sum = tl.sum(qe_int + qo_int, axis=0).to(tl.int32)  # [GP]
-                w_hi = tl.dot(b_lo, qe_hi.to(tl.int8)) + tl.dot(b_hi, qo_hi.to(tl.int8))
-                w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
-                w_int = 256 * w_hi + w_lo - 8 * q_sum[None, :]  # [TP * RP, GP] = (V_int q_int), exact
+                q_int = tl.floor(b_qf / s_q[None, :] + 0.5)
+                q_hi = tl.floor((q_int + 128.0) / 256.0)
+                q_lo = (q_int - 256.0 * q_hi).to(tl.int8)
+                w_int = 256 * tl.dot(b_v8, q_hi.to(tl.int8)) + tl.dot(b_v8, q_lo)  # [TP * RP, GP], exact
                 b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
+            else:
+                # the basis as unsigned nibbles (V = nib - 8)
+                b_qe = tl.load(p_q + 2 * o_dh[:, None], mask=m_g[None, :], other=0.0).to(tl.float32)  # [D/2, GP]
+                b_qo = tl.load(p_q + 2 * o_dh[:, None] + 1, mask=m_g[None, :], other=0.0).to(tl.float32)
+                b_lo = (b_p & 15).to(tl.int8)
+                b_hi = (b_p >> 4).to(tl.int8)
+                if FMT == 3 and CHANLOG_PATH == 1:
+                    b_w = _chanlog_basis_fp16(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP, GP) * s_w[:, :, None]
+                elif FMT == 3:
+                    b_w = _chanlog_basis_query(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP, RP) * s_w[:, :, None]
+                else:
+                    s_q = tl.maximum(tl.max(tl.abs(b_qe), axis=0), tl.max(tl.abs(b_qo), axis=0)) / 32512.0  # [GP]
+                    s_q = tl.where(s_q > 0.0, s_q, 1.0)  # q_hi <= 127
+                    qe_int = tl.floor(b_qe / s_q[None, :] + 0.5)
+                    qo_int = tl.floor(b_qo / s_q[None, :] + 0.5)
+                    qe_hi = tl.floor((qe_int + 128.0) / 256.0)
+                    qo_hi = tl.floor((qo_int + 128.0) / 256.0)
+                    qe_lo = (qe_int - 256.0 * qe_hi).to(tl.int8)
+                    qo_lo = (qo_int - 256.0 * qo_hi).to(tl.int8)
+                    q_sum = tl.sum(qe_int + qo_int, axis=0).to(tl.int32)  # [GP]
+                    w_hi = tl.dot(b_lo, qe_hi.to(tl.int8)) + tl.dot(b_hi, qo_hi.to(tl.int8))
+                    w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
+                    w_int = 256 * w_hi + w_lo - 8 * q_sum[None, :]  # [TP * RP, GP] = (V_int q_int), exact
+                    b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
         if KP > RP:
             # zero rows up to the 16 that a matrix-unit product needs along the direction axis
             o_f = tl.arange(0, KP // RP)

@@ -5,7 +5,7 @@ centroid, centered keys ``K_c``, Gram ``K_c K_c^T`` `[B, B]`, its eigenvectors b
 (``locks_kernels.eigh``), basis rows ``u_k^T K_c / |u_k^T K_c|`` for the ``r`` largest eigenvalues (rows with
 an eigenvalue under ``1e-6`` of the largest are zero: fp32 cannot tell them from rounding), then for the
 quantized formats int4 basis (``chanlog``: one log2-coded scale per channel, ``2 ** (ceil(4 log2(amax / 7)) / 4)``
-computed in fp32), least-squares coefficients against the stored basis through its pseudo-inverse (Newton-Schulz)
+computed in fp32; ``colwise8``: int8, one scale per direction), least-squares coefficients against the stored basis through its pseudo-inverse (Newton-Schulz)
 and int8 coefficients. One program summarizes one page of one KV head.
 """
 
@@ -20,7 +20,7 @@ from locks_engine.ops.paging import pages_per_block
 from locks_engine.ops.summaries import PageSummaries, allocate_page_summaries
 from locks_kernels.eigh import jacobi_eigh, sort_eigh_desc
 
-FORMAT_CODES = {"float": 0, "paper": 1, "colwise": 2, "chanlog": 3}
+FORMAT_CODES = {"float": 0, "paper": 1, "colwise": 2, "chanlog": 3, "colwise8": 4}
 MODE_KEYS, MODE_ALL, MODE_LAST = 0, 1, 2
 
 
@@ -89,13 +89,16 @@ def _summarize_page(
             tl.store(basis_scale_ptr + ph * D + o_d, code.to(tl.int8))
             b_vq = q_v * s_v[None, :]
         else:
-            q_v, s_v = _quantize(b_v, tl.max(tl.abs(b_v), axis=1)[:, None], 7)
+            q_v, s_v = _quantize(b_v, tl.max(tl.abs(b_v), axis=1)[:, None], 127 if FMT == 4 else 7)
             tl.store(basis_scale_ptr + ph * R + idx[:, None], s_v.to(tl.float16), mask=row_r)
             b_vq = q_v * s_v
-        lo, hi = tl.split(tl.reshape((q_v + 8.0).to(tl.int32), (B, D // 2, 2)))
-        o_dh = tl.arange(0, D // 2)
-        tl.store(basis_ptr + ph * R * (D // 2) + idx[:, None] * (D // 2) + o_dh[None, :],
-                 (lo | (hi << 4)).to(tl.uint8), mask=row_r)
+        if FMT == 4:
+            tl.store(basis_ptr + ph * R * D + idx[:, None] * D + o_d[None, :], q_v.to(tl.int8), mask=row_r)
+        else:
+            lo, hi = tl.split(tl.reshape((q_v + 8.0).to(tl.int32), (B, D // 2, 2)))
+            o_dh = tl.arange(0, D // 2)
+            tl.store(basis_ptr + ph * R * (D // 2) + idx[:, None] * (D // 2) + o_dh[None, :],
+                     (lo | (hi << 4)).to(tl.uint8), mask=row_r)
         # least squares against the stored basis: c = K_c Vq^T (Vq Vq^T)^+, the pseudo-inverse by Newton-Schulz
         # (X <- 2X - X G X from X = G / |G|_inf^2, Ben-Israel & Cohen 1966): G is near identity on the kept
         # rows (rounded orthonormal rows) and zero elsewhere, so the error (1 - lam x)^(2^k) vanishes in 8 steps

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 #: Summary storage formats (see ``locks_engine/ops/summaries.py`` for the exact layouts).
-SUMMARY_FORMATS = ("float", "paper", "colwise", "chanlog")
+SUMMARY_FORMATS = ("float", "paper", "colwise", "chanlog", "colwise8")
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,11 @@ class LocksConfig:
     recent_pages: int = 1
     """Pages before the last page that are always read; the last page (it holds the current token,
     complete or not) is always read too."""
-    summary_format: str = "chanlog"
+    summary_format: str = "colwise8"
     """How summaries are stored: ``float`` (fp32, reference), ``paper`` (int8 centroid, int4 basis,
     int8 coefficients, one scale per tensor per page), ``colwise`` (fp16 centroid, int4 basis and
-    int8 coefficients with one scale per basis direction) or ``chanlog`` (as ``colwise``, but one
-    1-byte log2 scale per channel of the int4 basis)."""
+    int8 coefficients with one scale per basis direction), ``chanlog`` (as ``colwise``, but one
+    1-byte log2 scale per channel of the int4 basis) or ``colwise8`` (as ``colwise`` with an int8 basis)."""
     dense: bool = False
     """A/B switch: read every page (dense attention) instead of selecting."""
 

@@ -7,9 +7,9 @@ decode positions spread over the last eighth of each context (a 32K pass serves 
 causal). Then, per context, layer and KV head, every selector at every budget (a fraction of the context's
 16-token pages; sink, last and previous page always read, as in the backend) and rank:
 
-- ``locks`` (the default format, ``chanlog``), ``locks-colwise`` (the previous default), ``locks-paper`` (the
-  paper's int8/int4 format), ``locks-float`` (unquantized), ``locks-colwise-hadamard`` (colwise on keys rotated by
-  a fixed Hadamard matrix);
+- ``locks`` (the default format, ``colwise8``), ``locks-chanlog`` (the previous default), ``locks-colwise``,
+  ``locks-paper`` (the paper's int8/int4 format), ``locks-float`` (unquantized), ``locks-colwise-hadamard``
+  (colwise on keys rotated by a fixed Hadamard matrix);
 - ``quest`` (fp16 channel min/max), ``shared`` (one rank-r basis per KV head fitted on these very keys, equal
   rank), ``shared-bytes`` (its rank raised to the bytes of ``locks`` at rank r), ``window``.
 
@@ -64,7 +64,7 @@ def selector_grid(ranks: list[int], dim: int) -> list[dict]:
     grid, default = [], LocksConfig().summary_format
     for rank in ranks:
         grid.append({"name": "locks", "selector": "locks", "format": default, "rank": rank})
-        for fmt in ("colwise", "paper", "float"):
+        for fmt in [f for f in ("colwise8", "chanlog", "colwise", "paper", "float") if f != default]:
             grid.append({"name": f"locks-{fmt}", "selector": "locks", "format": fmt, "rank": rank})
         if hadamard(dim) is not None:
             grid.append({"name": "locks-colwise-hadamard", "selector": "locks", "format": "colwise", "rank": rank})

@@ -11,10 +11,10 @@ def test_defaults_follow_the_paper():
     cfg = LocksConfig()
     assert (cfg.page_size, cfg.rank, cfg.budget) == (16, 8, 2048)
     assert cfg.budget_pages == 128 and cfg.quantized and not cfg.dense
-    assert cfg.summary_format == "chanlog"
+    assert cfg.summary_format == "colwise8"
 
 
-@pytest.mark.parametrize("fmt", ["float", "paper", "colwise", "chanlog"])
+@pytest.mark.parametrize("fmt", ["float", "paper", "colwise", "chanlog", "colwise8"])
 def test_every_summary_format_is_accepted(fmt):
     assert LocksConfig(summary_format=fmt).summary_format == fmt
     assert LocksConfig.from_dict({"summary_format": fmt}).quantized == (fmt != "float")
@@ -26,7 +26,7 @@ BAD = {
     "float_rank": ({"rank": 2.5}, r"rank=2\.5"),
     "bool_budget": ({"budget": True}, r"budget=True"),
     "negative_sink": ({"sink_pages": -1}, r"sink_pages=-1.*>= 0"),
-    "format": ({"summary_format": "int2"}, r"summary_format='int2'.*float, paper, colwise, chanlog"),
+    "format": ({"summary_format": "int2"}, r"summary_format='int2'.*float, paper, colwise, chanlog, colwise8"),
     "dense_str": ({"dense": "yes"}, r"dense='yes'"),
     "budget_below_forced": ({"budget": 32}, r"budget=32.*allowed budget >= 48"),
 }

@@ -31,7 +31,7 @@ def _capture(step):
     return graph, outputs
 
 
-FORMATS = ["chanlog", "colwise"]
+FORMATS = ["chanlog", "colwise", "colwise8"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -50,7 +50,7 @@ def test_scores_match_ops_fp32(fmt, groups, head_dim, lengths):
     _check_scores(sc, fmt, sc.q, 1e-5 if fmt == "float" else 1e-3)
 
 
-@pytest.mark.parametrize("fmt", ["chanlog", "colwise"])
+@pytest.mark.parametrize("fmt", ["colwise8", "chanlog", "colwise"])
 @pytest.mark.parametrize("rank", [1, 5, 16], ids=lambda r: f"r{r}")
 def test_scores_match_ops_at_other_ranks(fmt, rank):
     # ranks that are not a power of two, and one that fills the 16 rows a matrix-unit product needs
@@ -68,7 +68,7 @@ def test_chanlog_paths_match_ops(path, tile, groups):
 
 
 @requires_bf16_dot
-@pytest.mark.parametrize("fmt", ["chanlog", "colwise", "paper"])
+@pytest.mark.parametrize("fmt", ["colwise8", "chanlog", "colwise", "paper"])
 @pytest.mark.parametrize("groups", [4, 16], ids=lambda g: f"gqa{g}")
 def test_scores_match_ops_bf16_query(fmt, groups):
     sc = make_scenario([16 * 70 + 5, 3000], num_kv_heads=2, groups=groups, head_dim=128, seed=5, key_offset=20.0)
@@ -76,7 +76,7 @@ def test_scores_match_ops_bf16_query(fmt, groups):
     _check_scores(sc, fmt, sc.q.bfloat16(), 1e-4)
 
 
-@pytest.mark.parametrize("fmt", ["chanlog", "colwise"])
+@pytest.mark.parametrize("fmt", ["colwise8", "chanlog", "colwise"])
 @pytest.mark.parametrize("layer", [0, 12, 23], ids=lambda layer: f"L{layer}")
 def test_scores_on_real_keys(fmt, layer):
     sc = real_scenario(layer, num_tokens=2048 if ON_GPU else 200)

@@ -81,7 +81,7 @@ def test_degenerate_pages_give_finite_summaries(fmt):
     assert_close(fmt, keys, _reconstruction(out).transpose(1, 2).cpu(), 0.02)
 
 
-@pytest.mark.parametrize("fmt", ["chanlog", "colwise", "paper"])
+@pytest.mark.parametrize("fmt", ["colwise8", "chanlog", "colwise", "paper"])
 @pytest.mark.parametrize("layer", [0, 12, 23], ids=lambda layer: f"L{layer}")
 def test_real_keys_score_like_ops(fmt, layer):
     sc = real_scenario(layer, num_tokens=2048 if ON_GPU else 160)
@@ -96,7 +96,7 @@ def test_real_keys_score_like_ops(fmt, layer):
     assert gap.mean() < 0.01 and gap.max() < 0.3, f"mean {gap.mean():.4f}, max {gap.max():.4f} nats"
 
 
-@pytest.mark.parametrize("fmt", ["chanlog", "colwise", "float"])
+@pytest.mark.parametrize("fmt", ["colwise8", "chanlog", "colwise", "float"])
 def test_cache_walks_match_ops(fmt):
     lengths = [40, 16, 7, 100] if ON_GPU else [40, 16, 7]
     sc = make_scenario(lengths, num_kv_heads=2, groups=3, head_dim=64, seed=3)
