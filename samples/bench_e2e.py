@@ -411,16 +411,18 @@ def summarize(args: argparse.Namespace) -> int:
     if not results:
         print(f"no result-*.json in {args.summarize}", file=sys.stderr)
         return 2
+    # one cell per summary format too: LOCKS rows of several formats pair with the same FLASH_ATTN cell
     cells = {}
     for r in results:
         for c in r["cells"]:
             if "skipped" not in c:
-                cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"])] = (r, c)
+                fmt = r.get("summary_format") if r["backend"] == "locks" else None
+                cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], fmt)] = (r, c)
     rows = []
-    for (shape, layers, tp, ctx, batch, backend), (r, c) in sorted(cells.items()):
+    for (shape, layers, tp, ctx, batch, backend, _), (r, c) in sorted(cells.items(), key=lambda kv: (kv[0][:-1], kv[0][-1] or "")):
         if backend != "locks":
             continue
-        dense = cells.get((shape, layers, tp, ctx, batch, "flash"))
+        dense = cells.get((shape, layers, tp, ctx, batch, "flash", None))
         dc = dense[1] if dense else {}
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],
@@ -459,14 +461,14 @@ def depth_fits(cells: dict) -> list[dict]:
     ``dense_slope_below_floor`` flags a fit whose dense per-layer time is under the HBM floor of reading that
     layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low."""
     groups = {}
-    for (shape, layers, tp, ctx, batch, backend), (_, c) in cells.items():
-        groups.setdefault((shape, tp, ctx, batch, backend), {})[layers] = c["tpot_ms"]
+    for (shape, layers, tp, ctx, batch, backend, fmt), (_, c) in cells.items():
+        groups.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = c["tpot_ms"]
     rows = []
-    for (shape, tp, ctx, batch, backend), by_depth in sorted(groups.items()):
+    for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=lambda kv: (kv[0][:-1], kv[0][-1] or "")):
         full = SHAPES[shape]["num_hidden_layers"]
         if backend != "locks" or len(by_depth) < 2 or full in by_depth:
             continue
-        dense = groups.get((shape, tp, ctx, batch, "flash"), {})
+        dense = groups.get((shape, tp, ctx, batch, "flash", None), {})
         if len(dense) < 2:
             continue
         fit_l, fit_d = linear_fit(by_depth), linear_fit(dense)
@@ -475,7 +477,7 @@ def depth_fits(cells: dict) -> list[dict]:
         per_layer_kv = kv_bytes_per_token(model_config(shape, 1, ctx), tp) * ctx * batch
         floor_ms = per_layer_kv / HBM_PEAK_BYTES_S * 1e3
         row = {
-            "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None,
+            "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None, "summary_format": fmt,
             "dense_tpot_ms": round(fit_d[0] + fit_d[1] * full, 3), "locks_tpot_ms": round(fit_l[0] + fit_l[1] * full, 3),
             "dense_prefill_s": None, "locks_prefill_s": None, "pages_read_frac": None, "layers": full,
             "extrapolated": True,

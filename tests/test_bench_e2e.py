@@ -128,16 +128,33 @@ def test_summarize_writes_the_issue_rows_and_the_depth_fit(bench, tmp_path) -> N
     assert json.loads((tmp_path / "e2e_full.json").read_text())[0]["shape"] == "llama3.1-8b"
 
 
+def test_summarize_keeps_one_row_per_summary_format(bench, tmp_path) -> None:
+    """LOCKS engines of two summary formats at the same cell give two rows, each against the one dense cell."""
+    other = {**result("llama3.1-8b", 32, "locks", [cell(131072, 6.0)]), "summary_format": "colwise8"}
+    runs = [result("llama3.1-8b", 32, "flash", [cell(131072, 9.0)]),
+            result("llama3.1-8b", 32, "locks", [cell(131072, 10.0)]), other]
+    for i, r in enumerate(runs):
+        (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    assert bench.summarize(bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(out), meta="")) == 0
+    rows = {r["summary_format"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"chanlog", "colwise8"}
+    assert (rows["chanlog"]["speedup"], rows["colwise8"]["speedup"]) == (0.9, 1.5)
+    assert rows["chanlog"]["dense_tpot_ms"] == rows["colwise8"]["dense_tpot_ms"] == 9.0
+
+
 def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
     """Llama shapes at 1M read 4.3 GB of K+V a layer (0.89 ms at the HBM peak): a dense slope of 0.61 ms a
     layer (as measured over 2 and 6 layers, the 2-layer step waiting on the host) cannot be the GPU's."""
-    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend), (None, {"tpot_ms": tpot}))
+    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend,
+                                         "chanlog" if backend == "locks" else None), (None, {"tpot_ms": tpot}))
     cells = dict([c(2, "flash", 4.8), c(6, "flash", 7.24), c(2, "locks", 4.63), c(6, "locks", 8.09)])
     (row,) = bench.depth_fits(cells)
     assert row["extrapolated"] and row["layers"] == 32
     assert row["fit"]["dense_per_layer_ms"] == pytest.approx(0.61)
     assert row["fit"]["dense_kv_read_floor_per_layer_ms"] == pytest.approx(0.8948, rel=1e-3)
     assert row["fit"]["dense_slope_below_floor"] is True
+    assert row["summary_format"] == "chanlog"
 
 
 def test_summarize_without_results_fails(bench, tmp_path, capsys) -> None:

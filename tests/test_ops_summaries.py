@@ -188,15 +188,17 @@ def test_int8_basis_bytes_and_reconstruction():
     assert err["colwise8"] <= err["chanlog"], err
 
 
+@pytest.mark.parametrize("fmt", ["chanlog", "colwise", "colwise8"])
 @pytest.mark.parametrize("groups", [1, 7], ids=lambda g: f"gqa{g}")
-def test_chanlog_scores_fold_the_scale_into_the_query(groups):
-    """``score_pages`` computes ``V q`` as ``U_int (s * q)``: equal to Eq. 2 on the dequantized summaries."""
+def test_scores_fold_the_basis_scales(groups, fmt):
+    """``score_pages`` never dequantizes the basis: ``V q = U_int (s * q)`` for per-channel scales (chanlog),
+    ``s * (U_int q)`` for per-direction ones (colwise, colwise8); equal to Eq. 2 on the dequantized summaries."""
     sc = make_scenario([100, 333], num_kv_heads=2, groups=groups, head_dim=64, seed=7, key_offset=20.0)
-    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, LocksConfig(summary_format="chanlog"))
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, LocksConfig(summary_format=fmt))
     folded = score_pages(sc.q, store, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
     centroid, basis, coeffs = store.dequantize()
     plain = type(store)("float", centroid, basis, coeffs)
     ref = score_pages(sc.q, plain, sc.block_table, sc.seq_lens, sc.page_size, sc.block_size)
     assert torch.equal(torch.isinf(folded), torch.isinf(ref))
     finite = torch.isfinite(ref)
-    assert_close("chanlog scores", ref[finite], folded[finite], 1e-6)
+    assert_close(f"{fmt} scores", ref[finite], folded[finite], 1e-6)

@@ -59,6 +59,11 @@ def score_pages(
         # G < r, so the scaled queries are a smaller tensor than a dequantized basis)
         q_s = qg.unsqueeze(1) * log2_scale(pages.basis_scale)  # [S, Pmax, H, G, D]
         q_v = torch.einsum("sphgd,sphrd->sphgr", q_s, unpack_int4(pages.basis).float())  # [S, Pmax, H, G, r]
+    elif pages.summary_format in ("colwise", "colwise8"):
+        # one scale per direction, applied to the products: the basis is never dequantized
+        basis = pages.basis if pages.summary_format == "colwise8" else unpack_int4(pages.basis)
+        q_v = torch.einsum("shgd,sphrd->sphgr", qg, basis.float())  # [S, Pmax, H, G, r]
+        q_v = q_v * pages.basis_scale.float().squeeze(-1).unsqueeze(-2)
     else:
         q_v = torch.einsum("shgd,sphrd->sphgr", qg, pages.dequantize_basis())  # [S, Pmax, H, G, r]
     logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphgr,sphbr->sphgb", q_v, coeffs))  # [S, Pmax, H, G, B]
