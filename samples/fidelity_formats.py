@@ -1,5 +1,6 @@
 """Where the quantized summary loses mass, and candidate formats at about the same bytes (the study behind the
-default format ``chanlog``, which is the log2-byte per-channel variant below; the others stay proposals).
+formats ``chanlog``, the log2-byte per-channel variant below, and ``colwise8``, the "colwise, int8 basis" row,
+the default since 2026-12-01: it keeps the most and scores fastest on the GPU; the others stay proposals).
 
 On a capture cached by ``bench_fidelity.py``: for every layer and KV head, the KV group's mass kept over the
 exact-LSE oracle's (``group_ratio``) at one budget and rank, for summaries that quantize one part at a time
