@@ -38,17 +38,18 @@ def run_mode(args: argparse.Namespace) -> dict:
     """One engine of ``args.mode``: prefill, then ``reps`` x (n1, n2) generations on the cached prompt."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     # the app's KV cache size (``EngineOptions.kv_cache_gib``); vLLM's CPU default is a share of free memory,
-    # and LOCKS allocates its summaries beside the whole cache (about 14% of its bytes at D=64)
+    # and LOCKS allocates its summaries beside the whole cache (14.5-19.5% of its bytes at D=64)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
     from locks_engine.config import LocksConfig
     from locks_engine.models import resolve_model
 
-    extra = {}
+    extra, fmt = {}, None
     if args.mode != "cpu_attn":
         # per-step statistics on, as the app keeps them
-        locks = LocksConfig(budget=args.budget, rank=args.rank, dense=args.mode == "locks_dense")
+        fmt = args.summary_format or LocksConfig().summary_format
+        locks = LocksConfig(budget=args.budget, rank=args.rank, dense=args.mode == "locks_dense", summary_format=fmt)
         stats = Path(tempfile.mkdtemp(prefix="locks-bench-")) / "stats.bin"
         extra = {"additional_config": {"locks": locks.to_dict(), "locks_stats_path": str(stats)}}
     start = time.perf_counter()
@@ -71,7 +72,8 @@ def run_mode(args: argparse.Namespace) -> dict:
     for _ in range(args.reps):
         t1, t2 = generate(args.n1), generate(args.n2)
         reps.append({"t_n1_s": t1, "t_n2_s": t2, "tpot_ms": (t2 - t1) * 1000 / (args.n2 - args.n1)})
-    return {"mode": args.mode, "engine_start_s": started_s, "prefill_s": prefill_s, "reps": reps}
+    return {"mode": args.mode, "summary_format": fmt, "engine_start_s": started_s, "prefill_s": prefill_s,
+            "reps": reps}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,6 +84,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
     p.add_argument("--n1", type=int, default=16)
     p.add_argument("--n2", type=int, default=80)
     p.add_argument("--reps", type=int, default=3)
