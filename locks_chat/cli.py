@@ -1,8 +1,8 @@
 """The ``locks-chat`` command line.
 
 Errors users cause map to one line on stderr and an exit code (0 ok, 2 bad input or a document that does not
-fit, 3 engine failure, 130 interrupted); nothing they cause prints a traceback. Usage errors are Typer's own
-(exit code 2).
+fit, 3 engine failure, 130 interrupted); nothing they cause prints a traceback. Usage errors that Typer finds
+(a bad option value, a missing argument) are one line as well (exit code 2), from :func:`main`.
 """
 
 from __future__ import annotations
@@ -134,9 +134,30 @@ def with_default_command(args: list[str]) -> list[str]:
     return args
 
 
+def _click_class(name: str) -> type[Exception]:
+    """One of click's exception classes, as Typer raises them (Typer 0.29 carries its own copy of click)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app(args=with_default_command(sys.argv[1:]))
+    """Console-script entry point. Usage errors (a bad option value, an unknown option, a missing argument) are
+    one line on stderr too, naming the help to read, with exit code 2; a command group given no command prints
+    its help (exit code 0)."""
+    try:
+        code = app(args=with_default_command(sys.argv[1:]), prog_name="locks-chat", standalone_mode=False)
+    except _click_class("ClickException") as err:
+        ctx = getattr(err, "ctx", None)
+        if type(err).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+            sys.exit(0)
+        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        message = " ".join(err.format_message().split())
+        err_console.print(f"[bold red]error:[/] {message}{hint}", highlight=False, soft_wrap=True)
+        code = err.exit_code
+    except typer.Abort:
+        err_console.print("interrupted")
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -181,3 +181,38 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
     result = runner.invoke(app, ["ask", str(book), "q", "--model", str(model), "--context", "99999999"])
     assert result.exit_code == 2
     assert "--context 99,999,999 is more than this model's 4,096-token context: pass at most 4096" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["ask", "{book}", "q", "--budget", "0"], "Invalid value for '--budget'"),
+        (["ask", "{book}", "q", "--max-tokens", "x"], "Invalid value for '--max-tokens'"),
+        (["ask", "{book}"], "Missing argument 'question'"),
+        (["ask", "{book}", "q", "--bogus"], "No such option: --bogus"),
+        (["sessions", "show", "x"], "Invalid value for 'session_id'"),
+    ],
+    ids=["range", "not_a_number", "missing_argument", "unknown_option", "sessions_id"],
+)
+def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monkeypatch, capsys):
+    """Typer's own usage errors (found before any command runs) go through ``main``: one line naming the help."""
+    from locks_chat.cli import main
+
+    monkeypatch.setattr("sys.argv", ["locks-chat", *[a.replace("{book}", str(book)) for a in args]])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.startswith("error: ") and message in err and "--help" in err, err
+    assert len(err.strip().splitlines()) == 1 and not engine.calls
+
+
+@pytest.mark.parametrize("args", [[], ["sessions"], ["--help"]], ids=["no_args", "group_without_command", "help"])
+def test_help_without_a_command_exits_0(args, monkeypatch, capsys):
+    from locks_chat.cli import main
+
+    monkeypatch.setattr("sys.argv", ["locks-chat", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0
+    assert "Usage: locks-chat" in capsys.readouterr().out
