@@ -4,9 +4,10 @@ Same math and storage formats as ``locks_engine/ops/summaries.py`` (the contract
 centroid, centered keys ``K_c``, Gram ``K_c K_c^T`` `[B, B]`, its eigenvectors by parallel Jacobi
 (``locks_kernels.eigh``), basis rows ``u_k^T K_c / |u_k^T K_c|`` for the ``r`` largest eigenvalues (rows with
 an eigenvalue under ``1e-6`` of the largest are zero: fp32 cannot tell them from rounding), then for the
-quantized formats int4 basis (``chanlog``: one log2-coded scale per channel, ``2 ** (ceil(4 log2(amax / 7)) / 4)``
-computed in fp32; ``colwise8``: int8, one scale per direction), least-squares coefficients against the stored basis through its pseudo-inverse (Newton-Schulz)
-and int8 coefficients. One program summarizes one page of one KV head.
+quantized formats an int4 basis (``chanlog``: one log2-coded scale per channel,
+``2 ** (ceil(4 log2(amax / 7)) / 4)`` computed in fp32) or an int8 one (``colwise8``: one scale per direction),
+least-squares coefficients against the stored basis through its pseudo-inverse (Newton-Schulz) and int8
+coefficients. One program summarizes one page of one KV head.
 """
 
 from __future__ import annotations

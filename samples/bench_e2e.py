@@ -419,7 +419,8 @@ def summarize(args: argparse.Namespace) -> int:
                 fmt = r.get("summary_format") if r["backend"] == "locks" else None
                 cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], fmt)] = (r, c)
     rows = []
-    for (shape, layers, tp, ctx, batch, backend, _), (r, c) in sorted(cells.items(), key=lambda kv: (kv[0][:-1], kv[0][-1] or "")):
+    by_key = lambda kv: (kv[0][:-1], kv[0][-1] or "")  # the format is None for FLASH_ATTN
+    for (shape, layers, tp, ctx, batch, backend, _), (r, c) in sorted(cells.items(), key=by_key):
         if backend != "locks":
             continue
         dense = cells.get((shape, layers, tp, ctx, batch, "flash", None))
@@ -464,7 +465,8 @@ def depth_fits(cells: dict) -> list[dict]:
     for (shape, layers, tp, ctx, batch, backend, fmt), (_, c) in cells.items():
         groups.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = c["tpot_ms"]
     rows = []
-    for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=lambda kv: (kv[0][:-1], kv[0][-1] or "")):
+    by_key = lambda kv: (kv[0][:-1], kv[0][-1] or "")  # the format is None for FLASH_ATTN
+    for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=by_key):
         full = SHAPES[shape]["num_hidden_layers"]
         if backend != "locks" or len(by_depth) < 2 or full in by_depth:
             continue

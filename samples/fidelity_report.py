@@ -98,8 +98,8 @@ def write_plots(full: dict, out_dir: Path) -> list[Path]:
 
     results = full["results"]
     cases = sorted({(r["model"], r["context"]) for r in results})
-    shown = ["locks", "locks-chanlog", "locks-colwise", "locks-paper", "locks-float", "locks-colwise-hadamard", "shared",
-             "shared-bytes", "quest", "window", "oracle"]
+    shown = ["locks", "locks-chanlog", "locks-colwise", "locks-paper", "locks-float", "locks-colwise-hadamard",
+             "shared", "shared-bytes", "quest", "window", "oracle"]
     metrics = [("mass_vs_oracle_mean", "mass / oracle, mean"), ("min_layer_mean", "mass / oracle, worst layer"),
                ("recall_mean", "recall of oracle pages"), ("out_err_median", "output rel. error, median")]
     paths = []
