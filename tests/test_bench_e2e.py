@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from locks_engine import LocksConfig
-from locks_engine.vllm_backend.impl import DeviceCounters
+from locks_engine.vllm_backend.counters import DeviceCounters
 from locks_engine.vllm_backend.probes import read_probes
 from tests.helpers import load_sample_script
 from tests.test_vllm_backend_scenarios import SCENARIOS, H, Run
