@@ -402,6 +402,11 @@ def print_table(results: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ summary
+def by_format_last(item: tuple) -> tuple:
+    """Sort key for ``{(..., summary_format): value}`` items: the format is None for FLASH_ATTN."""
+    return item[0][:-1], item[0][-1] or ""
+
+
 def summarize(args: argparse.Namespace) -> int:
     """Merge result folders into the issue's summary format (``rows``), add the depth fit, write JSON + PNG."""
     results = []
@@ -419,8 +424,7 @@ def summarize(args: argparse.Namespace) -> int:
                 fmt = r.get("summary_format") if r["backend"] == "locks" else None
                 cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], fmt)] = (r, c)
     rows = []
-    by_key = lambda kv: (kv[0][:-1], kv[0][-1] or "")  # the format is None for FLASH_ATTN
-    for (shape, layers, tp, ctx, batch, backend, _), (r, c) in sorted(cells.items(), key=by_key):
+    for (shape, layers, tp, ctx, batch, backend, _), (r, c) in sorted(cells.items(), key=by_format_last):
         if backend != "locks":
             continue
         dense = cells.get((shape, layers, tp, ctx, batch, "flash", None))
@@ -465,8 +469,7 @@ def depth_fits(cells: dict) -> list[dict]:
     for (shape, layers, tp, ctx, batch, backend, fmt), (_, c) in cells.items():
         groups.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = c["tpot_ms"]
     rows = []
-    by_key = lambda kv: (kv[0][:-1], kv[0][-1] or "")  # the format is None for FLASH_ATTN
-    for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=by_key):
+    for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=by_format_last):
         full = SHAPES[shape]["num_hidden_layers"]
         if backend != "locks" or len(by_depth) < 2 or full in by_depth:
             continue
