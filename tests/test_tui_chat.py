@@ -91,6 +91,38 @@ async def test_prompt_is_locked_while_the_answer_streams_and_pages_change_per_to
         await until(pilot, lambda: not prompt.disabled, what="the prompt back")
 
 
+async def test_alt_arrows_step_the_pages_panel_through_the_answers_tokens(book):
+    engine = GatedEngine(answer="one two three four", bins_per_step=[[7, 8], [30, 31, 45]])
+    app = build_app(book, ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Count?")
+        strip = app.screen.query_one(PageStrip)
+        engine.release(2)
+        await until(pilot, lambda: strip.token == 2, what="token 2")
+        await pilot.press("alt+left")
+        assert strip.token == 1 and set(strip.share) == {1} and strip.headline().startswith("token 1 of 2:")
+        assert len(strip.render().plain.split("\n")[0]) <= strip.content_region.width, "the headline is one row"
+        # looking back holds while the answer goes on; the headline counts the new tokens
+        engine.release(2)
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        assert strip.token == 1 and strip.headline().startswith("token 1 of 4:")
+        await pilot.press("alt+left")
+        assert strip.token == 1, "there is no token before the first"
+        await pilot.press("alt+right")
+        assert strip.token == 2 and set(strip.share) == {3, 4}
+        await pilot.press("alt+right", "alt+right")
+        assert strip.token == 4 and strip.cursor is None and strip.headline().startswith("token 4:")
+        await pilot.press("alt+right")
+        assert strip.token == 4
+        # the next question starts from a clean slate
+        await ask(pilot, "Again?")
+        await until(pilot, lambda: strip.token == 0, what="a cleared panel")
+        await pilot.press("alt+left")
+        assert strip.token == 0 and strip.headline().endswith("nothing read yet")
+        engine.release(4)
+        await until(pilot, lambda: not app.screen.answering, what="the second answer")
+
+
 @pytest.mark.parametrize("key", ["escape", "ctrl+c"])
 async def test_cancel_mid_answer_aborts_in_the_engine_and_keeps_the_partial_answer(book, key):
     engine = GatedEngine(answer="one two three four")

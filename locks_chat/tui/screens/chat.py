@@ -37,6 +37,7 @@ from locks_chat.tui.meter import EngineTick
 from locks_chat.tui.screens.chat_commands import ChatCommands
 from locks_chat.tui.screens.help import HelpScreen
 from locks_chat.tui.widgets.conversation import Conversation
+from locks_chat.tui.widgets.page_strip import PageStrip
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.reading_panels import ReadingPanels
 from locks_chat.tui.widgets.turn_view import TurnView
@@ -48,6 +49,8 @@ class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop answer", priority=True),
         Binding("ctrl+c", "stop", "Stop answer", show=False, priority=True),
+        Binding("alt+left", "token(-1)", "Earlier token"),
+        Binding("alt+right", "token(1)", "Later token"),
         Binding("f1", "help", "Help"),
     ]
     DEFAULT_CSS = """
@@ -243,6 +246,10 @@ class ChatScreen(Screen):
             self.panels.progress.begin("answer", "Stopping the answer")
         elif self.query_one(PromptInput).selected_text:
             self.query_one(PromptInput).action_copy()
+
+    def action_token(self, direction: int) -> None:
+        """Alt+Left / Alt+Right: the pages read at the previous / next token of the answer (the newest: live)."""
+        self.query_one(PageStrip).step(direction)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
