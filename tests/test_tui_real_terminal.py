@@ -2,8 +2,8 @@
 
 One question; while the answer streams, the "Pages read" panel is captured as often as tmux answers; after it,
 Alt+Left steps the panel back through the answer's tokens. The panel must show at least two tokens and differ
-between some of them (LOCKS picks other KV pages from token to token); the answer is then read off the screen. About two minutes
-on two CPU cores, most of it the engine start. Skipped without tmux, vLLM or the built-in model.
+between some of them (LOCKS picks other KV pages from token to token); the answer is then read off the screen.
+About a minute on two CPU cores, most of it the engine start. Skipped without tmux, vLLM or the built-in model.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Loading, engine starts and answers run in thread workers (``@work(thread=True, exclusive=True)``); they talk to
 the screen only through the messages below, and an answer's stream (text, step readings, ticks) through a
-:class:`~locks_chat.tui.mailbox.Mailbox` the screen drains 20 times a second. The engine start and the tokenizer load run on daemon threads their
-workers only wait for (``locks_chat.tui.background``): quitting does not wait for them. A book that cannot fit
+:class:`~locks_chat.tui.mailbox.Mailbox` the screen drains 20 times a second. The engine start and the
+tokenizer load run on daemon threads their workers only wait for (``locks_chat.tui.background``): quitting does
+not wait for them. A book that cannot fit
 the context is said so when it is loaded (counted with the model's tokenizer, without the engine). While an
 answer streams the prompt is locked; Esc or Ctrl+C sets the answer's cancel event, which the engine checks
 between steps (prefill chunks included) and aborts the request. Any failure is a notification, and the prompt
