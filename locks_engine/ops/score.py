@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
@@ -13,6 +15,33 @@ from locks_engine.ops.summaries import PageSummaries
 def expand_kv_heads(x: Tensor, num_q_heads: int, dim: int) -> Tensor:
     """Repeat the KV-head dim ``dim`` of ``x`` (size ``H``) to ``HQ`` query heads (head ``h`` reads ``h // G``)."""
     return x.repeat_interleave(num_q_heads // x.shape[dim], dim=dim)
+
+
+def _gather_head_major(store: PageSummaries, ids: Tensor) -> PageSummaries:
+    """The summaries of pages ``ids`` `[S, Pmax]` with every tensor laid out `[S, H, Pmax, ...]` (contiguous;
+    ``store`` tensors `[P, H, ...]`): rows of (page, KV head) pairs taken in head-major order, one copy each."""
+    seqs, pmax = ids.shape
+    heads = store.centroid.shape[1]
+    rows = (ids.long().unsqueeze(1) * heads + torch.arange(heads, device=ids.device).view(1, -1, 1)).flatten()
+    return replace(store, **{
+        k: v.flatten(0, 1).index_select(0, rows).view(seqs, heads, pmax, *v.shape[2:])
+        for k, v in store.tensors().items()
+    })
+
+
+def _chanlog_scores(q: Tensor, pages: PageSummaries, scale: float) -> Tensor:
+    """Unmasked scores `[S, HQ, Pmax]` of ``chanlog`` summaries gathered per page (``pages`` `[S, Pmax, ...]`):
+    the per-channel scale folded into the query, ``V q = U_int (s * q)``, as the GPU kernel computes it (and
+    G < r, so the scaled queries are a smaller tensor than a dequantized basis)."""
+    seqs, num_q_heads, dim = q.shape
+    centroid, coeffs = pages.dequantize_centroid(), pages.dequantize_coeffs()  # [S,Pmax,H,D] [S,Pmax,H,B,r]
+    heads = centroid.shape[2]
+    qg = q.float().view(seqs, heads, num_q_heads // heads, dim)  # [S, H, G, D]
+    q_mu = torch.einsum("shgd,sphd->sphg", qg, centroid)  # [S, Pmax, H, G]
+    q_s = qg.unsqueeze(1) * log2_scale(pages.basis_scale)  # [S, Pmax, H, G, D]
+    q_v = torch.einsum("sphgd,sphrd->sphgr", q_s, unpack_int4(pages.basis).float())  # [S, Pmax, H, G, r]
+    logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphgr,sphbr->sphgb", q_v, coeffs))  # [S, Pmax, H, G, B]
+    return torch.logsumexp(logits, dim=-1).flatten(2).transpose(1, 2)
 
 
 def mask_incomplete(scores: Tensor, seq_lens: Tensor, page_size: int) -> Tensor:
@@ -49,23 +78,32 @@ def score_pages(
     seqs, num_q_heads, dim = q.shape
     scale = dim**-0.5 if scale is None else scale
     ids = physical_page_ids(block_table, block_size // page_size)  # [S, Pmax]
-    pages = store.index(ids)
-    centroid, coeffs = pages.dequantize_centroid(), pages.dequantize_coeffs()  # [S,Pmax,H,D] [S,Pmax,H,B,r]
-    heads = centroid.shape[2]
+    if store.summary_format == "chanlog":
+        return mask_incomplete(_chanlog_scores(q, store.index(ids), scale), seq_lens, page_size)
+    pmax, heads, rank = ids.shape[1], store.centroid.shape[1], store.coeffs.shape[-1]
+    # gathered per (KV head, page), head-major, so that each product below is one batched matrix product over
+    # contiguous rows (on the CPU, permuting copies of the basis cost more than the products)
+    pages = _gather_head_major(store, ids)  # tensors [S, H, Pmax, ...]
     qg = q.float().view(seqs, heads, num_q_heads // heads, dim)  # [S, H, G, D]
-    q_mu = torch.einsum("shgd,sphd->sphg", qg, centroid)  # [S, Pmax, H, G]
-    if pages.summary_format == "chanlog":
-        # the per-channel scale folded into the query: V q = U_int (s * q), as the kernel computes it (and
-        # G < r, so the scaled queries are a smaller tensor than a dequantized basis)
-        q_s = qg.unsqueeze(1) * log2_scale(pages.basis_scale)  # [S, Pmax, H, G, D]
-        q_v = torch.einsum("sphgd,sphrd->sphgr", q_s, unpack_int4(pages.basis).float())  # [S, Pmax, H, G, r]
-    elif pages.summary_format in ("colwise", "colwise8"):
-        # one scale per direction, applied to the products: the basis is never dequantized
-        basis = pages.basis if pages.summary_format == "colwise8" else unpack_int4(pages.basis)
-        q_v = torch.einsum("shgd,sphrd->sphgr", qg, basis.float())  # [S, Pmax, H, G, r]
-        q_v = q_v * pages.basis_scale.float().squeeze(-1).unsqueeze(-2)
+    q_mu = torch.matmul(qg, pages.dequantize_centroid().transpose(-1, -2))  # [S, H, G, Pmax]
+    if pages.summary_format in ("colwise", "colwise8"):
+        # one scale per direction, applied to the products: the basis is never dequantized; the coefficients'
+        # per-direction scale goes on the same products (exact: both scale direction k of the sum over k)
+        basis = (pages.basis if pages.summary_format == "colwise8" else unpack_int4(pages.basis)).float()
+        direction_scale = pages.basis_scale.float().squeeze(-1) * pages.coeffs_scale.float().squeeze(-2)
+        coeffs = pages.coeffs.float()  # [S, H, Pmax, B, r]
     else:
-        q_v = torch.einsum("shgd,sphrd->sphgr", qg, pages.dequantize_basis())  # [S, Pmax, H, G, r]
-    logits = scale * (q_mu.unsqueeze(-1) + torch.einsum("sphgr,sphbr->sphgb", q_v, coeffs))  # [S, Pmax, H, G, B]
-    scores = torch.logsumexp(logits, dim=-1).flatten(2).transpose(1, 2)  # [S, HQ, Pmax]
+        basis, direction_scale, coeffs = pages.dequantize_basis(), None, pages.dequantize_coeffs()
+    q_v = torch.matmul(qg, basis.view(seqs, heads, pmax * rank, dim).transpose(-1, -2))  # [S, H, G, Pmax*r]
+    q_v = q_v.view(seqs, heads, -1, pmax, rank).transpose(2, 3)  # [S, H, Pmax, G, r]
+    if direction_scale is not None:
+        q_v = q_v * direction_scale.unsqueeze(-2)  # [S, H, Pmax, 1, r]
+    # (V q) . c_i for the B keys of each page, a sum of r rank-one terms: on the CPU faster than a batched
+    # product of [G, r] x [r, B] matrices, one per page
+    coeffs = coeffs.transpose(-1, -2)  # [S, H, Pmax, r, B]
+    logits = q_mu.transpose(2, 3).unsqueeze(-1) + q_v[..., 0:1] * coeffs[..., 0:1, :]  # [S, H, Pmax, G, B]
+    for k in range(1, rank):
+        logits.addcmul_(q_v[..., k : k + 1], coeffs[..., k : k + 1, :])
+    scores = torch.logsumexp(logits.mul_(scale), dim=-1)  # [S, H, Pmax, G]
+    scores = scores.transpose(2, 3).reshape(seqs, num_q_heads, pmax)  # [S, HQ, Pmax], head h*G+g
     return mask_incomplete(scores, seq_lens, page_size)
