@@ -99,7 +99,7 @@ app.add_typer(sessions_app, name="sessions")
 
 @sessions_app.command("list", epilog="Example: locks-chat sessions list --json")
 @one_line_errors
-def sessions_list(json_out: opt.Json = False) -> None:
+def sessions_list(json_out: opt.JsonList = False) -> None:
     """List saved conversations, newest first."""
     from locks_chat.sessions_command import list_sessions
 
@@ -147,9 +147,8 @@ def main() -> None:
         code = app(args=with_default_command(sys.argv[1:]), prog_name="locks-chat", standalone_mode=False)
     except _click_class("ClickException") as err:
         ctx = getattr(err, "ctx", None)
-        if type(err).__name__ == "NoArgsIsHelpError" and ctx is not None:
-            typer.echo(ctx.get_help())
-            sys.exit(0)
+        if type(err).__name__ == "NoArgsIsHelpError":
+            sys.exit(0)  # Typer printed the help before raising
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         message = " ".join(err.format_message().split())
         err_console.print(f"[bold red]error:[/] {message}{hint}", highlight=False, soft_wrap=True)

@@ -10,7 +10,11 @@ import typer
 Doc = Annotated[Path, typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False)]
 Pages = Annotated[
     Optional[str],
-    typer.Option("--pages", help="Page range to read, physical or printed: 40-80, iv-x, 12.", show_default=False),
+    typer.Option(
+        "--pages",
+        help="Page range to read: 40-80, iv-x, 12 (printed labels where the PDF has them; #3-9: physical pages).",
+        show_default=False,
+    ),
 ]
 Password = Annotated[Optional[str], typer.Option("--password", help="Password of an encrypted PDF.", show_default=False)]
 Model = Annotated[
@@ -33,3 +37,4 @@ NewSession = Annotated[
     bool, typer.Option("--new", help="Start a new conversation instead of resuming the book's last one.")
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics).")]
+JsonList = Annotated[bool, typer.Option("--json", help="Print a JSON array, one object per session.")]

@@ -50,6 +50,7 @@ def delete_sessions(session_ids: list[int], console: Console) -> None:
         LocksChatError: an id that names no session (nothing is deleted then).
     """
     store = SessionStore.existing()
+    session_ids = list(dict.fromkeys(session_ids))  # an id given twice is deleted (and said) once
     for session_id in session_ids:
         _get(store, session_id)
     for session_id in session_ids:

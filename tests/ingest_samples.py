@@ -109,8 +109,12 @@ def write(tmp_path: Path, name: str, data: bytes) -> Path:
     return path
 
 
-def epub_book(chapters: Sequence[tuple[str, str]], *, title: str = "A Small Book", cover: bool = True) -> bytes:
-    """An EPUB written by ebooklib: an image-only cover page, then (title, body HTML) chapters."""
+def epub_book(
+    chapters: Sequence[tuple[str, str]], *, title: str = "A Small Book", cover: bool = True, nav_in_spine: bool = False
+) -> bytes:
+    """An EPUB written by ebooklib: an image-only cover page, then (title, body HTML) chapters; with
+    ``nav_in_spine`` the navigation document (the table of contents) comes first in the spine, as ebooklib's
+    own example writes it."""
     from ebooklib import epub
 
     book = epub.EpubBook()
@@ -130,8 +134,9 @@ def epub_book(chapters: Sequence[tuple[str, str]], *, title: str = "A Small Book
         spine.append(page)
     book.toc = tuple(spine)
     book.add_item(epub.EpubNcx())
-    book.add_item(epub.EpubNav())
-    book.spine = spine
+    nav = epub.EpubNav()
+    book.add_item(nav)
+    book.spine = [nav, *spine] if nav_in_spine else spine
     out = io.BytesIO()
     epub.write_epub(out, book)
     return out.getvalue()

@@ -215,4 +215,4 @@ def test_help_without_a_command_exits_0(args, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exited:
         main()
     assert exited.value.code == 0
-    assert "Usage: locks-chat" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("Usage: locks-chat") == 1, "the help, once"

@@ -95,8 +95,9 @@ def test_sessions_delete(sessions):
     result = runner.invoke(app, ["sessions", "delete", str(sessions[0]), "999"])
     assert result.exit_code == 2 and "no session 999" in result.stderr
     assert len(SessionStore().list_sessions()) == 2
-    result = runner.invoke(app, ["sessions", "delete", str(sessions[0])])
+    result = runner.invoke(app, ["sessions", "delete", str(sessions[0]), str(sessions[0])])
     assert result.exit_code == 0 and [s.id for s in SessionStore().list_sessions()] == [sessions[1]]
+    assert result.stderr.count("deleted session") == 1, result.stderr
 
 
 def test_sessions_commands_do_not_create_the_database():

@@ -32,6 +32,12 @@ def test_chapters_are_pages_in_reading_order(tmp_path):
     assert doc.page_at(doc.text.index("happily")) is last
 
 
+def test_the_table_of_contents_in_the_spine_is_not_a_page(tmp_path):
+    doc = load_document(write(tmp_path, "nav.epub", epub_book(CHAPTERS, nav_in_spine=True)))
+    assert [p.label for p in doc.pages] == ["1", "2", "3"]
+    assert doc.pages[0].text.startswith("The Beginning")
+
+
 def test_epub_is_sniffed_without_its_suffix(tmp_path):
     doc = load_document(write(tmp_path, "book.bin", epub_book(CHAPTERS)))
     assert doc.format == "epub"

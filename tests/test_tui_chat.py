@@ -311,3 +311,25 @@ async def test_a_fast_engine_is_drawn_mid_answer_and_no_step_is_lost(book, monke
         strip = app.screen.query_one(PageStrip)
         assert strip.token == 400 and answer_text(app).split() == [f"w{i}" for i in range(400)]
         assert strip.seen == {1, 3, 4}
+
+
+@pytest.mark.parametrize(("seq_len", "pages_read", "said"), [
+    (1167, 73 * 6, "read 1,167 of 1,167 tokens per head (73 of 73 KV pages, 100%)"),
+    (1167, 16 * 6, "read 255 of 1,167 tokens per head (16 of 73 KV pages, 22%)"),
+])
+async def test_budget_panel_counts_the_partial_last_page(seq_len, pages_read, said):
+    """Tokens read per head: the last KV page, always read, holds fewer than 16 tokens (6 layer-head pairs)."""
+    from textual.app import App
+
+    from locks_chat.reading import StepReading
+    from locks_chat.tui.widgets.budget_panel import BudgetPanel
+
+    class One(App):
+        def compose(self):
+            yield BudgetPanel()
+
+    async with One().run_test() as pilot:
+        panel = pilot.app.query_one(BudgetPanel)
+        panel.show_step(StepReading(seq_len, pages_read, 73 * 6, ()))
+        await pilot.pause()
+        assert said in str(panel.render())

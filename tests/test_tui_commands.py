@@ -73,6 +73,8 @@ async def test_pages_reloads_the_document(book):
         assert "pages 2-3" in app.sub_title
         await command(pilot, "/pages 9-12")
         await until(pilot, lambda: ready(app) and notices(app, "error"), what="the error")
+        [error] = notices(app, "error")
+        assert error.startswith("/pages '9-12': ") and "--pages" not in error, error
         assert len(app.chat.document.pages) == 2
     assert SessionStore().list_sessions()[0].pages == "2-3"
 
@@ -81,6 +83,10 @@ async def test_stats_export_and_help(book, user_home):
     engine = FakeEngine(answer="It is BLUE (p. 1).", bins_per_step=[[7, 8]])
     app = build_app(book, ChatOptions(), Factory(engine))
     async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(app))
+        await command(pilot, "/export")
+        assert any("nothing to export yet" in m for m in notices(app, "error"))
+        assert not (user_home / "data" / "exports").exists()
         await ask(pilot, "What is the password?")
         await until(pilot, lambda: not app.screen.answering)
         await command(pilot, "/stats")

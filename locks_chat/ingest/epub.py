@@ -2,7 +2,8 @@
 
 An EPUB has no fixed pages: a cited page is one spine item (a chapter or section file) that
 has text, in reading order, labelled "1", "2", ... (:attr:`PageKind.CHAPTER`); spine items
-without text (a cover image, an empty title page) are left out of the numbering. EPUBs
+without text (a cover image, an empty title page) and the navigation document (the EPUB 3 table of
+contents, which some books put in the spine) are left out of the numbering. EPUBs
 whose content is encrypted (DRM) are refused; font obfuscation is not DRM and is accepted.
 """
 
@@ -61,9 +62,13 @@ def read_epub(data: bytes, source: str, *, pages: str | None = None) -> Document
 def _item_text(book, idref: str, source: str, warnings: list[str]) -> str:
     from inscriptis import get_text
 
+    from ebooklib import epub
+
     item = book.get_item_with_id(idref)
     if item is None:
         warnings.append(f"spine item {idref!r} is missing from the EPUB, skipped")
+        return ""
+    if isinstance(item, epub.EpubNav):
         return ""
     content = item.get_content()
     try:

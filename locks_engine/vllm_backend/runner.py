@@ -112,7 +112,11 @@ class LocksEngine:
         try:
             self.llm = LLMEngine.from_engine_args(args)
             self.ring = require_locks(self.stats_path, timeout_s=30.0)
+        except KeyboardInterrupt:
+            self.close()  # an engine that came up as Ctrl+C arrived is shut down, not left to exit handlers
+            raise
         except Exception as err:  # vLLM raises many kinds; the CLI shows one line
+            self.close()
             raise EngineStartError(f"the engine did not start: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
         self.tokenizer = self.llm.get_tokenizer()
         self.max_context = int(self.llm.vllm_config.model_config.max_model_len)

@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from locks_chat.errors import Cancelled, ContextError, LocksChatError, exception_reason
+from locks_chat.errors import Cancelled, ContextError, LocksChatError, PageRangeError, exception_reason
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
@@ -343,6 +343,6 @@ class ChatScreen(Screen):
 def _message(err: BaseException) -> str:
     """One line for a notification: a user-fixable error's own message (``--pages`` advice said as the
     ``/pages`` command), else the exception squeezed."""
-    if isinstance(err, ContextError):
+    if isinstance(err, (ContextError, PageRangeError)):
         return err.message.replace("--pages", "/pages")
     return err.message if isinstance(err, LocksChatError) else f"{type(err).__name__}: {exception_reason(err)}"

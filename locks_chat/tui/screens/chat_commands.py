@@ -38,6 +38,8 @@ class ChatCommands:
         elif command.name == "export":
             if self.chat.session is None:
                 raise LocksChatError("no session yet: wait for the document to load")
+            if not self.chat.turns:
+                raise LocksChatError("nothing to export yet: ask a question first")
             screen.notify(f"Transcript saved to {self.chat.export()}", title="Exported", timeout=10)
         elif command.name == "help":
             screen.action_help()

@@ -55,8 +55,10 @@ class BudgetPanel(Static):
             kv_pages = -(-r.seq_len // PAGE_SIZE)
             pairs = max(1, r.pages_total // max(1, kv_pages))
             per_head = r.pages_read / pairs
+            # every step reads the last KV page, which holds only seq_len - (kv_pages - 1) * B tokens
+            tokens = max(0.0, per_head * PAGE_SIZE - (kv_pages * PAGE_SIZE - r.seq_len))
             lines.append(
-                f"read [b]{per_head * PAGE_SIZE:,.0f}[/] of {r.seq_len:,} tokens per head "
+                f"read [b]{tokens:,.0f}[/] of {r.seq_len:,} tokens per head "
                 f"({per_head:,.0f} of {kv_pages:,} KV pages, {r.pages_read / max(1, r.pages_total):.0%})"
             )
             lines.append(f"document pages read: [b]{len(r.doc_pages)}[/] of {self.doc_pages_total}")
