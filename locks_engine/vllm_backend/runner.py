@@ -7,8 +7,11 @@ statistics (``locks_engine.stats``) are read as they are written by the worker p
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import multiprocessing.process
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -21,6 +24,59 @@ from locks_engine.config import LocksConfig
 from locks_engine.models import resolve_model
 from locks_engine.stats import require_locks
 from locks_engine.vllm_backend.plugin import APP_SIGINT_ENV
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[threading.Event]:
+    """Hold a Ctrl+C that arrives in this block: the event is set, nothing is raised; the caller stops after.
+
+    While vLLM starts its engine core the main thread is mostly in pyzmq's ``zmq_poll`` (the startup handshake,
+    then the wait for the ready message), which runs Python's SIGINT handler when its poll is interrupted: the
+    KeyboardInterrupt was dropped there, or broke the handshake half-way and left the client waiting for a ready
+    message that would never come (the app hung). vLLM's start cannot be interrupted safely, so it is allowed
+    to finish and the caller shuts the engine down. Off the main thread, or with SIGINT ignored (a background
+    job), the handler is left as it is and the event never set.
+    """
+    held = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield held
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: held.set())
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def children_start_ignoring_sigint() -> Iterator[None]:
+    """Processes started in this block (vLLM's engine core) start with SIGINT ignored, the app's process keeps
+    its handler.
+
+    The terminal's Ctrl+C reaches the whole foreground process group. ``plugin.leave_sigint_to_the_app`` makes
+    vLLM's children ignore it, but only once they have imported vLLM and loaded plugins (10-20 s into a start
+    on a small CPU); a Ctrl+C before that killed the engine core mid-import, with a traceback, and vLLM's client
+    then waited for its ready message without end. An ignored signal stays ignored across fork and exec (POSIX;
+    ``multiprocessing`` spawns with ``restore_signals=False``) and Python keeps it so at start-up, so SIGINT is
+    set to ignored around each ``Process.start`` called from the main thread, and restored right after.
+    """
+    original = multiprocessing.process.BaseProcess.start
+
+    def start(process):
+        if threading.current_thread() is not threading.main_thread():
+            return original(process)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return original(process)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    multiprocessing.process.BaseProcess.start = start
+    try:
+        yield
+    finally:
+        multiprocessing.process.BaseProcess.start = original
 
 
 def _on_cuda() -> bool:
@@ -109,15 +165,23 @@ class LocksEngine:
             additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
             **platform_engine_args(options, _on_cuda()),
         )
-        try:
-            self.llm = LLMEngine.from_engine_args(args)
-            self.ring = require_locks(self.stats_path, timeout_s=30.0)
-        except KeyboardInterrupt:
-            self.close()  # an engine that came up as Ctrl+C arrived is shut down, not left to exit handlers
-            raise
-        except Exception as err:  # vLLM raises many kinds; the CLI shows one line
+        # Ctrl+C during the start (15-75 s on a small CPU) stops the app once vLLM is up: see sigint_held
+        with sigint_held() as interrupted, children_start_ignoring_sigint():
+            try:
+                self.llm = LLMEngine.from_engine_args(args)
+                self.ring = require_locks(self.stats_path, timeout_s=30.0)
+            except KeyboardInterrupt:
+                self.close()  # an engine that came up as Ctrl+C arrived is shut down, not left to exit handlers
+                raise
+            except Exception as err:  # vLLM raises many kinds; the CLI shows one line
+                self.close()
+                if interrupted.is_set():
+                    raise KeyboardInterrupt from err
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise EngineStartError(f"the engine did not start: {reason}") from err
+        if interrupted.is_set():
             self.close()
-            raise EngineStartError(f"the engine did not start: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+            raise KeyboardInterrupt
         self.tokenizer = self.llm.get_tokenizer()
         self.max_context = int(self.llm.vllm_config.model_config.max_model_len)
         self._ids = itertools.count()
