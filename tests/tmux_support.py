@@ -42,8 +42,21 @@ class TmuxApp:
         return done.stdout
 
     def capture(self, escapes: bool = False) -> str:
-        """The visible screen, as text (with SGR escape sequences when ``escapes``)."""
-        return self._tmux("capture-pane", "-p", "-t", "app", *(["-e"] if escapes else []))
+        """The visible screen, as text (with SGR escape sequences when ``escapes``).
+
+        A tmux server starved of CPU (the engine start keeps both cores busy) may miss a 30 s reply: the screen
+        is asked for up to three times.
+
+        Raises:
+            subprocess.TimeoutExpired: tmux answered none of the three.
+        """
+        args = ("capture-pane", "-p", "-t", "app", *(["-e"] if escapes else []))
+        for _ in range(2):
+            try:
+                return self._tmux(*args)
+            except subprocess.TimeoutExpired:
+                continue
+        return self._tmux(*args)
 
     def send(self, *keys: str) -> None:
         """Type ``keys`` (tmux key names such as ``Enter`` and ``Escape``, or literal text)."""
