@@ -9,10 +9,11 @@ from typing import Any
 
 from locks_chat.citations import find_citations
 from locks_chat.engine import ChatEngine
-from locks_chat.errors import Cancelled, ContextError
+from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
 from locks_chat.prompt import Prompt, build_prompt
 from locks_chat.reading import ReadingLog, StepReading
+from locks_chat.signals import Terminated
 
 
 @dataclass
@@ -102,7 +103,7 @@ def ask(
 
     Raises:
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
-        in the engine).
+        in the engine). TerminatedError: SIGTERM (``locks_chat.signals``; the request is aborted too).
     """
     prompt = fitting_prompt(engine, document, questions, answers, max_tokens)
     parts: list[str] = []
@@ -123,6 +124,8 @@ def ask(
                 if on_text is not None:
                     on_text(event.text)
             reason = event.finish_reason or reason
+    except Terminated as err:
+        raise TerminatedError("terminated: the request was aborted") from err
     except KeyboardInterrupt as err:
         raise Cancelled("interrupted: the request was aborted") from err
     except Exception as err:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locks_chat.errors import DocumentError, LocksChatError
+from locks_chat.errors import DocumentError, LocksChatError, TerminatedError
+from locks_chat.signals import TERMINATED_EXIT_CODE
 
 
 def run_chat(
@@ -17,7 +18,8 @@ def run_chat(
     Raises:
         LocksChatError: a missing document or a setting LOCKS refuses (before the screen opens).
     """
-    from locks_chat.settings import data_dir, load_settings
+    from locks_chat.engine import engine_log_path
+    from locks_chat.settings import load_settings
     from locks_chat.tui.app import build_app
     from locks_chat.tui.book_chat import ChatOptions
     from locks_chat.tui.terminal import engine_output_to
@@ -32,8 +34,10 @@ def run_chat(
     )
     settings.locks_config()
     options = ChatOptions(settings=settings, pages=pages, password=password, new_session=new)
-    with engine_output_to(data_dir() / "logs" / "engine.log"):
+    with engine_output_to(engine_log_path()):
         app = build_app(doc, options, warnings=tuple(warnings))
         app.run()
+    if app.return_code == TERMINATED_EXIT_CODE:
+        raise TerminatedError("terminated: the conversation is saved")
     if app.return_code:
         raise LocksChatError(f"the app stopped with an error (exit code {app.return_code})")

@@ -1,8 +1,9 @@
 """The ``locks-chat`` command line.
 
 Errors users cause map to one line on stderr and an exit code (0 ok, 2 bad input or a document that does not
-fit, 3 engine failure, 130 interrupted); nothing they cause prints a traceback. Usage errors that Typer finds
-(a bad option value, a missing argument) are one line as well (exit code 2), from :func:`main`.
+fit, 3 engine failure, 130 interrupted, 143 SIGTERM: ``locks_chat.signals``); nothing they cause prints a
+traceback. Usage errors that Typer finds (a bad option value, a missing argument) are one line as well (exit
+code 2), from :func:`main`.
 """
 
 from __future__ import annotations
@@ -16,30 +17,38 @@ import typer
 from rich.console import Console
 
 from locks_chat import options as opt
-from locks_chat.errors import LocksChatError
+from locks_chat.errors import Cancelled, LocksChatError, TerminatedError
+from locks_chat.signals import TERMINATED_EXIT_CODE, Terminated, raise_on_sigterm, sigterm_received
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Read and question whole books and PDFs with a local LLM on vLLM with LOCKS sparse attention.",
 )
 err_console = Console(stderr=True)
 
 
 def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Map :class:`LocksChatError` and Ctrl+C to one line on stderr and their exit codes."""
+    """Map :class:`LocksChatError`, Ctrl+C and SIGTERM to one line on stderr and their exit codes."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
         except LocksChatError as err:
-            err_console.print(f"[bold red]error:[/] {err.message}", highlight=False, soft_wrap=True)
+            if sigterm_received() and not isinstance(err, Cancelled):
+                # a SIGTERM sent to the process group reached vLLM's engine core too, which failed the request
+                err = TerminatedError("terminated: the engine was shut down")
+            # a stop the user asked for is no error
+            prefix = "" if isinstance(err, Cancelled) else "[bold red]error:[/] "
+            err_console.print(f"{prefix}{err.message}", highlight=False, soft_wrap=True)
             raise typer.Exit(err.exit_code) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as err:
+            terminated = isinstance(err, Terminated)
+            err_console.print("terminated" if terminated else "interrupted")
+            raise typer.Exit(TERMINATED_EXIT_CODE if terminated else 130) from None
 
     return wrapper
 
@@ -126,10 +135,11 @@ def sessions_delete(session_ids: Annotated[list[int], typer.Argument(help="Sessi
 
 def with_default_command(args: list[str]) -> list[str]:
     """``locks-chat book.pdf ...`` means ``locks-chat chat book.pdf ...``: insert ``chat`` when the first
-    argument is neither a command nor an option."""
+    argument is not a command, nor the program's own ``--help`` (so ``locks-chat --budget 512 book.pdf`` is the
+    chat command too: the program itself has no other option)."""
     commands = {info.name or info.callback.__name__ for info in app.registered_commands}
     commands |= {group.name for group in app.registered_groups}
-    if args and not args[0].startswith("-") and args[0] not in commands:
+    if args and args[0] not in commands and args[0] not in ("--help", "-h"):
         return ["chat", *args]
     return args
 
@@ -143,6 +153,7 @@ def main() -> None:
     """Console-script entry point. Usage errors (a bad option value, an unknown option, a missing argument) are
     one line on stderr too, naming the help to read, with exit code 2; a command group given no command prints
     its help (exit code 0)."""
+    raise_on_sigterm()
     try:
         code = app(args=with_default_command(sys.argv[1:]), prog_name="locks-chat", standalone_mode=False)
     except _click_class("ClickException") as err:
@@ -153,9 +164,11 @@ def main() -> None:
         message = " ".join(err.format_message().split())
         err_console.print(f"[bold red]error:[/] {message}{hint}", highlight=False, soft_wrap=True)
         code = err.exit_code
-    except typer.Abort:
-        err_console.print("interrupted")
-        code = 130
+    except typer.Abort as err:
+        # click turns a KeyboardInterrupt outside the commands' own handling into Abort
+        terminated = isinstance(err.__cause__, Terminated)
+        err_console.print("terminated" if terminated else "interrupted")
+        code = TERMINATED_EXIT_CODE if terminated else 130
     sys.exit(code if isinstance(code, int) else 0)
 
 

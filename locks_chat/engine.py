@@ -40,8 +40,16 @@ def quiet_vllm_logging() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
+def engine_log_path():
+    """Where vLLM's engine processes write their logs and tracebacks (``logs/engine.log`` in the user data
+    directory), off the terminal."""
+    from locks_chat.settings import data_dir
+
+    return data_dir() / "logs" / "engine.log"
+
+
 def open_engine(model: str | None, locks: Any, max_model_len: int | None = None) -> ChatEngine:
-    """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores).
+    """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores); its processes log to :func:`engine_log_path`.
 
     Raises:
         ModelPathError: ``model`` is a local path that does not exist or is not a model directory (exit 2).
@@ -58,7 +66,8 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
     except ImportError as err:
         raise EngineError(f"the engine is not installed ({err.name} missing): run the install command from the README") from err
     try:
-        return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len))
+        return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len,
+                                         engine_log=str(engine_log_path())))
     except ModelPathError as err:
         raise errors.ModelPathError(str(err)) from err
     except (ModelError, EngineStartError) as err:

@@ -64,3 +64,9 @@ class Cancelled(LocksChatError):
     """The user interrupted (Ctrl+C); the request was aborted in the engine (exit code 130)."""
 
     exit_code = 130
+
+
+class TerminatedError(Cancelled):
+    """SIGTERM stopped the app; the request was aborted in the engine (exit code 143, 128 + SIGTERM)."""
+
+    exit_code = 143

@@ -5,10 +5,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+import locks_chat.cli
 import locks_chat.engine
 from locks_chat.cli import app
 from locks_chat.engine import ModelTokenizer
 from locks_chat.errors import EngineError
+from locks_chat.signals import Terminated
 from tests.fakes import FakeEngine, WordTokenizer
 
 runner = CliRunner()
@@ -157,6 +159,23 @@ def test_ctrl_c_aborts_the_request_and_exits_130(book, engine):
     assert engine.aborted == 1 and engine.closed
     # the partial answer ("The ") is ended before the one-line error
     assert result.stdout == "The \n" and "interrupted: the request was aborted" in result.stderr
+
+
+def test_sigterm_aborts_the_request_and_exits_143(book, engine):
+    engine.fail = Terminated("SIGTERM")
+    result = runner.invoke(app, ["ask", str(book), "q"])
+    assert result.exit_code == 143
+    assert engine.aborted == 1 and engine.closed
+    assert result.stdout == "The \n" and result.stderr.strip() == "terminated: the request was aborted"
+
+
+def test_an_engine_failure_after_a_sigterm_is_reported_as_the_sigterm(book, engine, monkeypatch):
+    # ``timeout`` signals the whole process group: vLLM's engine core may fail the request before the app's
+    # own handler runs
+    engine.fail = EngineError("the engine failed: EngineCore encountered an issue")
+    monkeypatch.setattr(locks_chat.cli, "sigterm_received", lambda: True)
+    result = runner.invoke(app, ["ask", str(book), "q"])
+    assert result.exit_code == 143 and result.stderr.strip() == "terminated: the engine was shut down"
 
 
 def test_help_has_an_example():

@@ -19,8 +19,9 @@ runner = CliRunner()
     "args, expected",
     [(["book.pdf"], ["chat", "book.pdf"]), (["book.pdf", "--pages", "1-3"], ["chat", "book.pdf", "--pages", "1-3"]),
      (["ask", "b.pdf", "q"], ["ask", "b.pdf", "q"]), (["chat", "b.pdf"], ["chat", "b.pdf"]),
-     (["sessions", "list"], ["sessions", "list"]), (["--help"], ["--help"]), ([], [])],
-    ids=["book", "book-options", "ask", "chat", "sessions", "help", "nothing"],
+     (["sessions", "list"], ["sessions", "list"]), (["--help"], ["--help"]), (["-h"], ["-h"]), ([], []),
+     (["--budget", "512", "book.pdf"], ["chat", "--budget", "512", "book.pdf"])],
+    ids=["book", "book-options", "ask", "chat", "sessions", "help", "h", "nothing", "options-first"],
 )
 def test_a_document_alone_means_chat(args, expected):
     assert with_default_command(args) == expected
@@ -50,6 +51,29 @@ def test_main_opens_the_app_with_settings_and_overrides(tmp_path, monkeypatch, o
     options = chat_app.chat.options
     assert (options.settings.budget, options.settings.rank, options.settings.max_tokens) == (512, 4, 99)
     assert options.pages == "2-3" and options.new_session and chat_app.chat.path == book
+
+
+def test_options_before_the_document_open_the_chat(tmp_path, monkeypatch, opened):
+    book = write_book(tmp_path)
+    monkeypatch.setattr("sys.argv", ["locks-chat", "--budget", "512", "--rank", "4", str(book)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code in (0, None)
+    [chat_app] = opened
+    assert (chat_app.chat.options.settings.budget, chat_app.chat.options.settings.rank) == (512, 4)
+
+
+def test_dash_h_is_help(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["locks-chat", "ask", "-h"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code in (0, None) and "Example: locks-chat ask" in capsys.readouterr().out
+
+
+def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, opened):
+    monkeypatch.setattr(LocksChatApp, "return_code", 143, raising=False)
+    result = runner.invoke(app, ["chat", str(write_book(tmp_path))])
+    assert result.exit_code == 143 and result.stderr.strip() == "terminated: the conversation is saved"
 
 
 @pytest.mark.parametrize(

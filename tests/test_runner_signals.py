@@ -1,52 +1,166 @@
-"""Ctrl+C while the engine starts (``runner.sigint_held``, ``runner.children_start_ignoring_sigint``), without
-vLLM: a real SIGINT to this process, a real child process."""
+"""Ctrl+C and SIGTERM while the engine starts (``runner.interrupts_held``, ``runner.children_start_quiet``)
+and while it streams (``LocksEngine.stream``), without vLLM: real signals to this process, a real child process,
+a scripted ``LLMEngine``."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
+from types import SimpleNamespace
 
-from locks_engine.vllm_backend.runner import children_start_ignoring_sigint, sigint_held
+import pytest
+
+from locks_chat.signals import Terminated, raise_on_sigterm
+from locks_engine.vllm_backend.runner import LocksEngine, children_start_quiet, interrupts_held
 
 
 def _report_sigint_disposition(queue) -> None:
+    print("a child's engine log line", file=sys.stderr, flush=True)
     queue.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 
 
-def test_a_ctrl_c_during_the_start_is_held_and_the_handler_restored():
-    before = signal.getsignal(signal.SIGINT)
-    with sigint_held() as interrupted:
-        assert not interrupted.is_set()
-        os.kill(os.getpid(), signal.SIGINT)
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM raises :class:`Terminated` here, as in the CLI; the test process's own handler comes back after."""
+    before = signal.getsignal(signal.SIGTERM)
+    raise_on_sigterm()
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_start_is_held_and_the_handlers_restored(signum, sigterm_raises):
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with interrupts_held() as held:
+        assert not held.is_set()
+        os.kill(os.getpid(), signum)
         time.sleep(0.05)  # the handler runs at the next bytecode; nothing is raised
-        assert interrupted.is_set()
-    assert signal.getsignal(signal.SIGINT) is before
+        os.kill(os.getpid(), signal.SIGINT if signum == signal.SIGTERM else signal.SIGTERM)
+        time.sleep(0.05)
+        assert held.signum == signum, "the first signal is the one kept"
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_the_held_signal_goes_to_the_process_handler_afterwards(signum, raised, sigterm_raises):
+    with interrupts_held() as held:
+        os.kill(os.getpid(), signum)
+        time.sleep(0.05)
+    with pytest.raises(raised):
+        held.redeliver()
 
 
 def test_a_background_job_that_ignores_sigint_keeps_ignoring_it():
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with sigint_held() as interrupted:
+        with interrupts_held() as held:
             assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        assert not interrupted.is_set()
+        assert not held.is_set()
     finally:
         signal.signal(signal.SIGINT, before)
 
 
-def test_children_start_ignoring_sigint_and_the_app_keeps_its_handler():
+def test_off_the_main_thread_nothing_is_replaced():
+    seen = []
+
+    def start():
+        with interrupts_held() as held:
+            seen.append((signal.getsignal(signal.SIGINT), held.is_set()))
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join(10)
+    assert seen == [(signal.default_int_handler, False)]
+
+
+def test_children_start_quiet_and_the_app_keeps_its_handler_and_its_stderr(tmp_path, capfd):
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     before = signal.getsignal(signal.SIGINT)
-    with children_start_ignoring_sigint():
+    log = tmp_path / "engine.log"
+    log.write_text("earlier\n")
+    with children_start_quiet(log):
         child = context.Process(target=_report_sigint_disposition, args=(queue,))
         child.start()
         assert signal.getsignal(signal.SIGINT) is before
+        print("the app's own line", file=sys.stderr, flush=True)
     child.join(60)
     assert queue.get(timeout=5) is True, "the child does not ignore SIGINT"
-    # outside the block children get Python's usual handler again
+    assert log.read_text() == "earlier\na child's engine log line\n", "the child's stderr is not appended to the log"
+    assert capfd.readouterr().err == "the app's own line\n"
+    # outside the block children get Python's usual handler again, and the app's stderr
     other = context.Process(target=_report_sigint_disposition, args=(queue,))
     other.start()
     other.join(60)
     assert queue.get(timeout=5) is False
+    assert "a child's engine log line" in capfd.readouterr().err
+
+
+class ScriptedLLM:
+    """``LLMEngine``'s step/abort surface: a request that never finishes; ``step`` raises ``fail_at`` (an
+    exception instance) on that call, and ``dead_after_abort`` makes every call after an abort fail as vLLM's
+    client does once its engine core has exited."""
+
+    def __init__(self, fail_at: tuple[int, BaseException] | None = None, dead_after_abort: bool = False):
+        self.fail_at, self.dead_after_abort = fail_at, dead_after_abort
+        self.steps, self.aborted, self.unfinished = 0, [], False
+
+    def add_request(self, rid, prompt, params):
+        self.rid, self.unfinished = rid, True
+
+    def step(self):
+        self.steps += 1
+        if self.aborted and self.dead_after_abort:
+            raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
+        if self.fail_at is not None and self.steps == self.fail_at[0]:
+            raise self.fail_at[1]
+        if self.aborted:
+            self.unfinished = False
+            return []
+        completion = SimpleNamespace(text="x", token_ids=[1], finish_reason=None)
+        return [SimpleNamespace(request_id=self.rid, outputs=[completion], finished=False)]
+
+    def abort_request(self, rids):
+        self.aborted.extend(rids)
+
+    def has_unfinished_requests(self):
+        return self.unfinished
+
+
+def scripted_engine(llm: ScriptedLLM) -> LocksEngine:
+    pytest.importorskip("vllm", reason="LocksEngine.stream builds vLLM's SamplingParams")
+    engine = object.__new__(LocksEngine)
+    engine.llm, engine._lock, engine._ids, engine._seen = llm, threading.Lock(), itertools.count(), 0
+    engine.ring = SimpleNamespace(written=lambda: 0, capacity=16, latest=lambda n: [], header={})
+    return engine
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), Terminated("SIGTERM")])
+def test_an_interrupt_aborts_the_request_even_when_the_engine_core_is_gone(interrupt):
+    llm = ScriptedLLM(fail_at=(3, interrupt), dead_after_abort=True)
+    with pytest.raises(type(interrupt)):
+        for _ in scripted_engine(llm).stream([1, 2, 3], max_tokens=50):
+            pass
+    assert llm.aborted == [llm.rid]
+
+
+def test_an_abort_that_fails_without_an_interrupt_is_an_error():
+    llm = ScriptedLLM(dead_after_abort=True)
+    events = scripted_engine(llm).stream([1, 2, 3], max_tokens=50)
+    next(events)
+    with pytest.raises(RuntimeError, match="EngineDeadError"):
+        events.close()  # the caller stops reading: the request is aborted, and the dead engine is reported
+    assert llm.aborted == [llm.rid]
+
+
+def test_an_interrupt_aborts_the_request_and_waits_for_it():
+    llm = ScriptedLLM(fail_at=(2, KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        for _ in scripted_engine(llm).stream([1, 2, 3], max_tokens=50):
+            pass
+    assert llm.aborted == [llm.rid] and not llm.unfinished

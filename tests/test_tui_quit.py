@@ -4,15 +4,19 @@ to its own thread closes its engine when it is up."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 from locks_chat.sessions import SessionStore, file_hash
+from locks_chat.signals import TERMINATED_EXIT_CODE
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
+from locks_chat.tui.widgets.page_strip import PageStrip
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from tests.fakes import FakeEngine
-from tests.tui_support import Factory, until, write_book
+from tests.tui_support import Factory, GatedEngine, until, write_book
 
 SIZE = (120, 40)
 
@@ -93,4 +97,38 @@ def test_quitting_while_the_tokenizer_loads_does_not_wait_for_it(tmp_path, capfd
         assert (saved.status, saved.answer) == ("done", "An earlier answer.")
     finally:
         release.set()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_sigterm_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capfd):
+    engine = GatedEngine(answer="The password is BLUE and the boats are twelve.")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    seen: list[int] = []
+    # a SIGTERM the app did not take would reach this handler (not kill the test run) and fail the test
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+
+    async def sigterm_mid_answer(pilot) -> None:
+        screen = app.screen
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        screen.query_one(PromptInput).value = "What is the password?"
+        await pilot.press("enter")
+        engine.release(2)
+        strip = screen.query_one(PageStrip)
+        await until(pilot, lambda: strip.token == 2, what="token 2")
+        os.kill(os.getpid(), signal.SIGTERM)
+        await pilot.pause(5)  # the app exits before this ends
+        if app.return_code is None:
+            app.exit()  # it did not: end the run, and the asserts below fail
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=sigterm_mid_answer)
+        assert app.return_code == TERMINATED_EXIT_CODE and not seen
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler from before the app is back
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert saved.status == "cancelled" and saved.answer.startswith("The password")
+    assert engine.closed and engine.aborted == 1
     assert "Traceback" not in capfd.readouterr().err

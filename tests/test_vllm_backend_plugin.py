@@ -85,3 +85,30 @@ def test_engine_children_of_the_app_leave_sigint_to_it(app_env, ignored, monkeyp
     before = signal.getsignal(signal.SIGINT)
     plugin.leave_sigint_to_the_app()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def _gc_after_exit_hooks(app_env: str | None, report: str) -> None:
+    """In a child process: at its exit, after the plugin's exit hook (atexit runs hooks last in, first out),
+    write whether the garbage collector is on and objects are frozen to ``report``."""
+    import atexit
+    import gc
+    import os
+    from pathlib import Path
+
+    if app_env is None:
+        os.environ.pop(plugin.APP_SIGINT_ENV, None)
+    else:
+        os.environ[plugin.APP_SIGINT_ENV] = app_env
+    atexit.register(lambda: Path(report).write_text(f"{gc.isenabled()} {gc.get_freeze_count() > 0}"))
+    plugin.leave_sigint_to_the_app()
+
+
+@pytest.mark.parametrize("app_env,skipped", [("1", True), (None, False)], ids=["app", "unset"])
+def test_engine_children_of_the_app_skip_the_garbage_collection_at_exit(app_env, skipped, tmp_path):
+    import multiprocessing
+
+    report = tmp_path / "gc.txt"
+    child = multiprocessing.get_context("spawn").Process(target=_gc_after_exit_hooks, args=(app_env, str(report)))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and report.read_text() == f"{not skipped} {skipped}"

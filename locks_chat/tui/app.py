@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from pathlib import Path
 
 from textual.app import App
 
 from locks_chat.sessions import SessionStore
+from locks_chat.signals import TERMINATED_EXIT_CODE, note_sigterm
 from locks_chat.tui.book_chat import BookChat, ChatOptions, EngineFactory, TokenizerFactory
 from locks_chat.tui.screens.chat import ChatScreen
 
 
 class LocksChatApp(App):
-    """Chat with a book; the engine is closed when the app exits."""
+    """Chat with a book; the engine is closed when the app exits (Ctrl+Q, ``/quit`` or SIGTERM)."""
 
     TITLE = "locks-chat"
 
@@ -20,14 +24,37 @@ class LocksChatApp(App):
         super().__init__()
         self.chat = chat
         self.warnings = warnings
+        self._previous_sigterm = None
 
     def on_mount(self) -> None:
+        self._watch_sigterm()
         self.push_screen(ChatScreen(self.chat))
         for warning in self.warnings:
             self.notify(warning, severity="warning")
 
     def on_unmount(self) -> None:
         self.chat.close()
+        self._unwatch_sigterm()
+
+    def _watch_sigterm(self) -> None:
+        """SIGTERM quits as Ctrl+Q does (the answer in flight stopped and saved, the engine shut down, the
+        terminal restored), with exit code 143; handled on the event loop, not by raising in its thread."""
+        self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no Unix signals
+            self._previous_sigterm = None
+
+    def _unwatch_sigterm(self) -> None:
+        if self._previous_sigterm is None:
+            return
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+    def _terminate(self) -> None:
+        note_sigterm()
+        self.exit(return_code=TERMINATED_EXIT_CODE)
 
 
 def build_app(

@@ -12,6 +12,7 @@ import itertools
 import multiprocessing.process
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -26,33 +27,63 @@ from locks_engine.stats import require_locks
 from locks_engine.vllm_backend.plugin import APP_SIGINT_ENV
 
 
+#: The signals held while the engine starts: Ctrl+C, and SIGTERM (``kill``, ``timeout``, service managers).
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class HeldSignal:
+    """The first of :data:`HELD_SIGNALS` that arrived in an :func:`interrupts_held` block (``signum``), if any."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def is_set(self) -> bool:
+        return self.signum is not None
+
+    def hold(self, signum: int, frame: object = None) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def redeliver(self) -> None:
+        """Send the held signal to this process again, once its own handler is back: Ctrl+C raises
+        KeyboardInterrupt, SIGTERM does what the process's handler does (by default: the process ends)."""
+        if self.signum is not None:
+            signal.raise_signal(self.signum)
+
+
 @contextlib.contextmanager
-def sigint_held() -> Iterator[threading.Event]:
-    """Hold a Ctrl+C that arrives in this block: the event is set, nothing is raised; the caller stops after.
+def interrupts_held() -> Iterator[HeldSignal]:
+    """Hold a Ctrl+C or a SIGTERM that arrives in this block: it is recorded, nothing is raised; the caller
+    stops after, and :meth:`HeldSignal.redeliver` hands it to the process's own handler.
 
     While vLLM starts its engine core the main thread is mostly in pyzmq's ``zmq_poll`` (the startup handshake,
-    then the wait for the ready message), which runs Python's SIGINT handler when its poll is interrupted: the
+    then the wait for the ready message), which runs Python's signal handlers when its poll is interrupted: the
     KeyboardInterrupt was dropped there, or broke the handshake half-way and left the client waiting for a ready
     message that would never come (the app hung). vLLM's start cannot be interrupted safely, so it is allowed
-    to finish and the caller shuts the engine down. Off the main thread, or with SIGINT ignored (a background
-    job), the handler is left as it is and the event never set.
+    to finish (or to fail, when the signal reached the engine core too) and the caller shuts the engine down.
+    Off the main thread the handlers are left as they are; so is a signal ignored here (a background job
+    ignores SIGINT).
     """
-    held = threading.Event()
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+    held = HeldSignal()
+    if threading.current_thread() is not threading.main_thread():
         yield held
         return
-    signal.signal(signal.SIGINT, lambda signum, frame: held.set())
+    previous = {signum: signal.getsignal(signum) for signum in HELD_SIGNALS}
+    for signum, handler in previous.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(signum, held.hold)
     try:
         yield held
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            if handler not in (signal.SIG_IGN, None):
+                signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
-def children_start_ignoring_sigint() -> Iterator[None]:
-    """Processes started in this block (vLLM's engine core) start with SIGINT ignored, the app's process keeps
-    its handler.
+def children_start_quiet(stderr_path: str | Path | None = None) -> Iterator[None]:
+    """Processes started in this block (vLLM's engine core, which starts its worker) start with SIGINT ignored,
+    and, given ``stderr_path``, with their stderr (fd 2) appended to that file; the app's process keeps both.
 
     The terminal's Ctrl+C reaches the whole foreground process group. ``plugin.leave_sigint_to_the_app`` makes
     vLLM's children ignore it, but only once they have imported vLLM and loaded plugins (10-20 s into a start
@@ -60,17 +91,33 @@ def children_start_ignoring_sigint() -> Iterator[None]:
     then waited for its ready message without end. An ignored signal stays ignored across fork and exec (POSIX;
     ``multiprocessing`` spawns with ``restore_signals=False``) and Python keeps it so at start-up, so SIGINT is
     set to ignored around each ``Process.start`` called from the main thread, and restored right after.
+
+    A SIGTERM sent to the process group (``timeout``) cannot be left out the same way (vLLM's shutdown stops its
+    children with it): the worker dies, and the engine core prints the worker's death, a dump of its inputs and
+    tracebacks. Children whose fd 2 is a log file keep that, and every other engine log, off the user's
+    terminal; fd 2 is pointed at the file around each ``Process.start`` only (an exec'd child keeps the
+    descriptors it was started with), so the app's own messages stay on the terminal. Another thread's write to
+    stderr during those few milliseconds goes to the file too.
     """
     original = multiprocessing.process.BaseProcess.start
 
     def start(process):
-        if threading.current_thread() is not threading.main_thread():
-            return original(process)
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        saved_fd = None
         try:
+            if stderr_path is not None:
+                with open(stderr_path, "ab") as log:
+                    sys.stderr.flush()
+                    saved_fd = os.dup(2)
+                    os.dup2(log.fileno(), 2)
             return original(process)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if saved_fd is not None:
+                os.dup2(saved_fd, 2)
+                os.close(saved_fd)
+            if main:
+                signal.signal(signal.SIGINT, previous)
 
     multiprocessing.process.BaseProcess.start = start
     try:
@@ -119,6 +166,9 @@ class EngineOptions:
     """KV cache size in GiB (CPU: ``VLLM_CPU_KVCACHE_SPACE`` when unset)."""
     enforce_eager: bool = True
     seed: int = 0
+    engine_log: str | None = None
+    """File that vLLM's child processes (engine core, worker) write their stderr to, appended: their logs and
+    tracebacks stay off the terminal (:func:`children_start_quiet`). ``None``: they share the app's stderr."""
 
 
 @dataclass
@@ -142,7 +192,9 @@ class LocksEngine:
     """vLLM ``LLMEngine`` with LOCKS on every attention layer.
 
     Raises:
-        EngineStartError: vLLM failed to start, or some attention layer does not run LOCKS.
+        EngineStartError: vLLM failed to start, or some attention layer does not run LOCKS. A Ctrl+C or SIGTERM
+            during the start is held until vLLM is up or has failed, the engine is closed, and the signal goes
+            to the process's own handler (KeyboardInterrupt for Ctrl+C).
     """
 
     def __init__(self, options: EngineOptions, stats_dir: str | Path | None = None) -> None:
@@ -165,8 +217,12 @@ class LocksEngine:
             additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
             **platform_engine_args(options, _on_cuda()),
         )
-        # Ctrl+C during the start (15-75 s on a small CPU) stops the app once vLLM is up: see sigint_held
-        with sigint_held() as interrupted, children_start_ignoring_sigint():
+        # Ctrl+C or SIGTERM during the start (15-75 s on a small CPU) stops the app once vLLM is up (or has
+        # failed, when the engine core took the signal too): see interrupts_held
+        log = options.engine_log
+        if log is not None:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+        with interrupts_held() as held, children_start_quiet(log):
             try:
                 self.llm = LLMEngine.from_engine_args(args)
                 self.ring = require_locks(self.stats_path, timeout_s=30.0)
@@ -175,13 +231,18 @@ class LocksEngine:
                 raise
             except Exception as err:  # vLLM raises many kinds; the CLI shows one line
                 self.close()
-                if interrupted.is_set():
-                    raise KeyboardInterrupt from err
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise EngineStartError(f"the engine did not start: {reason}") from err
-        if interrupted.is_set():
+                if not held.is_set():
+                    reason = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+                    reason = reason or type(err).__name__
+                    if log is not None:  # the root cause vLLM points "above" at is in the log
+                        cited = reason.replace("See root cause above", f"See the engine log, {log}")
+                        reason = cited if cited != reason else f"{reason} (engine log: {log})"
+                    raise EngineStartError(f"the engine did not start: {reason}") from err
+        if held.is_set():
             self.close()
-            raise KeyboardInterrupt
+            held.redeliver()
+            # the process's handler returned: the engine is closed all the same
+            raise EngineStartError(f"the engine start was stopped by {signal.Signals(held.signum).name}")
         self.tokenizer = self.llm.get_tokenizer()
         self.max_context = int(self.llm.vllm_config.model_config.max_model_len)
         self._ids = itertools.count()
@@ -208,7 +269,8 @@ class LocksEngine:
             cancel (threading.Event | None): checked between steps; when set, the request is aborted in the
                 engine and :class:`GenerationCancelled` is raised.
         Raises:
-            GenerationCancelled: ``cancel`` was set. KeyboardInterrupt aborts the request and propagates.
+            GenerationCancelled: ``cancel`` was set. KeyboardInterrupt (and what subclasses it: the app's SIGTERM)
+                aborts the request and propagates.
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -221,7 +283,7 @@ class LocksEngine:
             self._new_stats()
             start = time.perf_counter()
             self.llm.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, params)
-            generated, finished = 0, False
+            generated, finished, interrupted = 0, False, False
             try:
                 while not finished:
                     if cancel is not None and cancel.is_set():
@@ -238,11 +300,20 @@ class LocksEngine:
                     if not outputs and not self.llm.has_unfinished_requests():
                         finished = True
                     yield StreamEvent(text, generated, finished, reason, time.perf_counter() - start, stats)
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
             finally:
                 if not finished:
-                    self.llm.abort_request([rid])
-                    while self.llm.has_unfinished_requests():
-                        self.llm.step()
+                    try:
+                        self.llm.abort_request([rid])
+                        while self.llm.has_unfinished_requests():
+                            self.llm.step()
+                    except Exception:
+                        # a SIGTERM sent to the process group reached the engine core too, which is shutting
+                        # down: the abort is best effort and the interrupt goes on
+                        if not interrupted:
+                            raise
 
     def close(self) -> None:
         """Shut the engine down and remove the statistics file."""
