@@ -56,7 +56,8 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     """Refuse a prompt that does not leave ``max_tokens`` of room in the context; never truncate.
 
     Raises:
-        ContextError: with the numbers and the ways out (``--pages``, a larger-context ``--model``).
+        ContextError: with the numbers and the ways out (``--pages``; a smaller ``--max-tokens`` or a shorter
+            question when no page of average length fits beside them; a larger ``--context`` or ``--model``).
     """
     need = len(prompt.token_ids) + max_tokens
     if need <= max_context:
@@ -65,11 +66,26 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     room = max_context - max_tokens - overhead
     per_page = prompt.document_tokens / max(1, len(prompt.pages))
     fit = int(room // per_page) if room > 0 else 0
-    hint = f"--pages with about {fit} pages (e.g. --pages {_range(prompt.pages[:fit])})" if fit else "--pages with fewer pages"
+    ways = []
+    if fit:
+        ways.append(f"pass --pages with about {fit} pages (e.g. --pages {_range(prompt.pages[:fit])})")
+    elif room > 0 and len(prompt.pages) > 1:  # shorter pages than the average may fit
+        ways.append("pass --pages with fewer pages")
+    if not fit:
+        # not one page of average length fits beside the prompt and the room for the answer: which to cut
+        most = int(max_context - overhead - per_page)
+        if most >= 16 and max_tokens > most:
+            ways.append(f"pass a smaller --max-tokens (at most {most:,} leaves room for a page)")
+        elif room <= 0 and len(prompt.pages) > 1 and max_context - overhead > 16:
+            ways.append(f"pass a smaller --max-tokens and --pages with fewer pages (the context holds "
+                        f"{max_context - overhead:,} tokens beside the prompt)")
+        if overhead > max_context // 2:
+            ways.append("ask a shorter question")
+    fixes = "; " + " or ".join(ways) + ", or use" if ways else ": not one page fits; use"
     raise ContextError(
         f"{document.source}: {prompt.document_tokens:,} document tokens + {overhead:,} prompt tokens + {max_tokens:,} "
-        f"for the answer do not fit the model's {max_context:,}-token context; pass {hint}, "
-        "or a larger-context --model"
+        f"for the answer do not fit the model's {max_context:,}-token context{fixes} a larger --context or a "
+        "larger-context --model"
     )
 
 
@@ -110,8 +126,9 @@ def ask(
     log = ReadingLog()
     first_s = last_s = None
     generated, reason = 0, None
+    events = engine.stream(prompt.token_ids, max_tokens, cancel)
     try:
-        for event in engine.stream(prompt.token_ids, max_tokens, cancel):
+        for event in events:
             for record in event.stats:
                 reading = log.add(record, prompt)
                 if reading is not None and on_step is not None:
@@ -132,6 +149,12 @@ def ask(
         if type(err).__name__ == "GenerationCancelled":
             raise Cancelled("cancelled: the request was aborted") from err
         raise
+    finally:
+        # a failure here, not in the engine (stdout's pipe closed under ``on_text``), leaves the stream
+        # suspended: closing it aborts the request now, while the engine is still open
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
     answer = "".join(parts)
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
     return AskResult(

@@ -21,6 +21,25 @@ def _config(budget: int, rank: int, dense: bool):
         raise LocksChatError(f"{err}".replace("LocksConfig.", "--")) from err
 
 
+def stdout_open() -> bool:
+    """Whether file descriptor 1 is open (``>&-`` closes it; vLLM's processes would inherit it closed too)."""
+    import os
+
+    if sys.stdout is None:
+        return False
+    try:
+        os.fstat(1)
+    except OSError:
+        return False
+    return True
+
+
+def write_out(text: str) -> None:
+    """Write streamed answer text to stdout at once (raises BrokenPipeError when its reader went away)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def run_ask(
     doc: Path, question: str, pages: str | None, password: str | None, model: str | None, budget: int, rank: int,
     dense: bool, max_tokens: int, context: int | None, json_out: bool, console: Console,
@@ -32,6 +51,8 @@ def run_ask(
 
     if not question.strip():
         raise LocksChatError("the question is empty: ask something, e.g. \"Who is the narrator?\"")
+    if not stdout_open():
+        raise LocksChatError("stdout is closed: the answer has nowhere to go; redirect it (> answer.txt) instead")
     cfg = _config(budget, rank, dense)
     with rich_progress(f"Reading {doc.name}", console=console) as progress:
         document = load_document(doc, password=password, pages=pages, progress=progress)
@@ -48,8 +69,7 @@ def run_ask(
 
     def stream(text: str) -> None:
         streamed.append(text)
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_out(text)
 
     try:
         result = ask(engine, document, [question], max_tokens=max_tokens, on_text=None if json_out else stream)
@@ -67,10 +87,11 @@ def run_ask(
     summary = result.reading.summary()
     steps = max(1, summary["decode_steps"])
     read = f"{summary['kv_pages_read_fraction']:.0%} of KV pages" if summary["decode_steps"] else "no decode step"
+    tpot = f"{result.tpot_ms:.0f} ms" if result.tpot_ms is not None else "-"  # one token has no TPOT
     pages_read = ", ".join(p["page"] for p in summary["document_pages_read"][:12]) or "-"
     console.print(
         f"[dim]{result.generated_tokens} tokens · prompt {result.prompt_tokens:,} tokens · TTFT "
-        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {result.tpot_ms or 0:.0f} ms · read {read} "
+        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot} · read {read} "
         f"({summary['kv_bytes_read'] / steps / 1e6:.1f} of {summary['kv_bytes_dense'] / steps / 1e6:.1f} MB per token) · "
         f"document pages read: {pages_read}[/]",
         highlight=False, soft_wrap=True,

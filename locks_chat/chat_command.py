@@ -3,10 +3,16 @@ the Typer wiring)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from locks_chat.errors import DocumentError, LocksChatError, TerminatedError
 from locks_chat.signals import TERMINATED_EXIT_CODE
+
+
+def terminal_attached() -> bool:
+    """Whether stdin and stdout are a terminal (the app draws on one and reads keys from it)."""
+    return sys.stdin is not None and sys.stdout is not None and sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def run_chat(
@@ -16,9 +22,10 @@ def run_chat(
     """Open the TUI on ``doc``; options given override the settings file for this run.
 
     Raises:
-        LocksChatError: a missing document or a setting LOCKS refuses (before the screen opens).
+        LocksChatError: no terminal, a missing document, a setting LOCKS refuses or an unwritable data
+            directory (before the screen opens).
     """
-    from locks_chat.engine import engine_log_path
+    from locks_chat.engine import writable_engine_log
     from locks_chat.settings import load_settings
     from locks_chat.tui.app import build_app
     from locks_chat.tui.book_chat import ChatOptions
@@ -33,8 +40,12 @@ def run_chat(
         model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context
     )
     settings.locks_config()
+    if not terminal_attached():
+        raise LocksChatError(
+            "the chat app needs a terminal (stdin and stdout); in scripts use: locks-chat ask FILE \"question\""
+        )
     options = ChatOptions(settings=settings, pages=pages, password=password, new_session=new)
-    with engine_output_to(engine_log_path()):
+    with engine_output_to(writable_engine_log()):
         app = build_app(doc, options, warnings=tuple(warnings))
         app.run()
     if app.return_code == TERMINATED_EXIT_CODE:

@@ -1,4 +1,10 @@
-"""Page citations in an answer: ``(p. 12)``, ``p. iv``, ``pp. 3-4``, ``page 7`` matched to the document's labels."""
+"""Page citations in an answer: ``(p. 12)``, ``p. iv``, ``pp. 3-4``, ``pages iv-x``, ``page 7`` matched to the
+document's labels.
+
+A label is a number or a roman numeral (i to cccxcix, all lower or all upper case) standing as a whole word, so the
+word after "page" in "this page contains", "page mentions" or "pages mix" is no label, nor is the pronoun in
+"the pages I read".
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,10 @@ import re
 
 from locks_chat.ingest import Document
 
-_CITATION = re.compile(r"\b(?:pp?\.|pages?)\s*([0-9ivxlcdm]+(?:\s*[-–]\s*[0-9ivxlcdm]+)?)", re.IGNORECASE)
+_ROMAN = r"c{0,3}(?:xc|xl|l?x{0,3})(?:ix|iv|v?i{0,3})"
+"""a roman numeral from i to cccxcix (front matter never runs to d or m); it also matches the empty string"""
+_LABEL = rf"(?:\d+|(?=[ivxlc]){_ROMAN}|(?=[IVXLC])(?!I\s){_ROMAN.upper()})(?!\w)"
+_CITATION = re.compile(rf"\b(?i:pp?\.|pages?)\s*({_LABEL}(?:\s*[-–]\s*{_LABEL})?)")
 
 
 def find_citations(answer: str, document: Document) -> list[dict[str, object]]:

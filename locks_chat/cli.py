@@ -1,9 +1,9 @@
 """The ``locks-chat`` command line.
 
 Errors users cause map to one line on stderr and an exit code (0 ok, 2 bad input or a document that does not
-fit, 3 engine failure, 130 interrupted, 143 SIGTERM: ``locks_chat.signals``); nothing they cause prints a
-traceback. Usage errors that Typer finds (a bad option value, a missing argument) are one line as well (exit
-code 2), from :func:`main`.
+fit, 3 engine failure, 130 interrupted, 141 stdout's pipe closed, 143 SIGTERM: ``locks_chat.signals``); nothing
+they cause prints a traceback. Usage errors that Typer finds (a bad option value, a missing argument) are one
+line as well (exit code 2), from :func:`main`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,23 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 
+#: Exit code when stdout's reader closed the pipe (128 + SIGPIPE, what a shell reports for ``yes | head``).
+BROKEN_PIPE_EXIT_CODE = 141
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a closed pipe raises nothing."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    finally:
+        os.close(devnull)
+
+
 def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Map :class:`LocksChatError`, Ctrl+C and SIGTERM to one line on stderr and their exit codes."""
 
@@ -49,12 +66,31 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             terminated = isinstance(err, Terminated)
             err_console.print("terminated" if terminated else "interrupted")
             raise typer.Exit(TERMINATED_EXIT_CODE if terminated else 130) from None
+        except BrokenPipeError:
+            # the reader of stdout went away (``| head``): stop quietly, as tools that SIGPIPE ends do
+            _drop_stdout()
+            raise typer.Exit(BROKEN_PIPE_EXIT_CODE) from None
 
     return wrapper
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"locks-chat {version('locks-chat')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("locks-chat (not installed)")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main_callback() -> None:
+def main_callback(
+    show_version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
     """Read and question whole books and PDFs with a local LLM on vLLM with LOCKS sparse attention."""
 
 
@@ -135,11 +171,11 @@ def sessions_delete(session_ids: Annotated[list[int], typer.Argument(help="Sessi
 
 def with_default_command(args: list[str]) -> list[str]:
     """``locks-chat book.pdf ...`` means ``locks-chat chat book.pdf ...``: insert ``chat`` when the first
-    argument is not a command, nor the program's own ``--help`` (so ``locks-chat --budget 512 book.pdf`` is the
-    chat command too: the program itself has no other option)."""
+    argument is not a command, nor the program's own ``--help`` or ``--version`` (so ``locks-chat --budget 512
+    book.pdf`` is the chat command too: the program itself has no other option)."""
     commands = {info.name or info.callback.__name__ for info in app.registered_commands}
     commands |= {group.name for group in app.registered_groups}
-    if args and args[0] not in commands and args[0] not in ("--help", "-h"):
+    if args and args[0] not in commands and args[0] not in ("--help", "-h", "--version"):
         return ["chat", *args]
     return args
 

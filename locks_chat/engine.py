@@ -53,11 +53,12 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
 
     Raises:
         ModelPathError: ``model`` is a local path that does not exist or is not a model directory (exit 2).
+        HomeDirError: the model cache or the engine log cannot be written (exit 2).
         EngineError: vLLM is not installed, the model cannot be installed or converted, or the engine fails.
     """
     quiet_vllm_logging()
     try:
-        from locks_engine.models import ModelError, ModelPathError
+        from locks_engine.models import CacheDirError, ModelError, ModelPathError
         from locks_engine.vllm_backend.runner import (
             EngineOptions,
             EngineStartError,
@@ -65,13 +66,37 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
         )
     except ImportError as err:
         raise EngineError(f"the engine is not installed ({err.name} missing): run the install command from the README") from err
+    log = writable_engine_log()
     try:
-        return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len,
-                                         engine_log=str(engine_log_path())))
+        return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len, engine_log=str(log)))
     except ModelPathError as err:
         raise errors.ModelPathError(str(err)) from err
+    except CacheDirError as err:
+        raise errors.HomeDirError(str(err)) from err
     except (ModelError, EngineStartError) as err:
         raise EngineError(str(err)) from err
+
+
+def writable_engine_log():
+    """:func:`engine_log_path`, its directory created and the file opened for appending once, so that an
+    unwritable data directory is said before a 15-75 s engine start (vLLM's children would fail on it).
+
+    Raises:
+        HomeDirError: the log cannot be created or appended to (exit 2).
+    """
+    from locks_engine.models import HOME_ENV
+
+    log = engine_log_path()
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab"):
+            pass
+    except OSError as err:
+        raise errors.HomeDirError(
+            f"cannot write the engine log {log}: {err.strerror or err}; make that directory writable or set "
+            f"{HOME_ENV} to a writable directory"
+        ) from err
+    return log
 
 
 @dataclass(frozen=True)
@@ -99,11 +124,13 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
         ModelTokenizer | None: ``None`` when the answer has to wait for the engine: a hub id, a Mistral-format
         tokenizer, a config without a context length, or a tokenizer that does not load (the engine says why).
     Raises:
-        ModelPathError, EngineError: the model cannot be found or converted (as :func:`open_engine` raises).
+        ModelPathError, HomeDirError, EngineError: the model cannot be found, written or converted (as
+            :func:`open_engine` raises).
         ContextError: ``max_model_len`` is more than the model's context (``config.json``) and
             ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is not set (exit 2).
     """
     from locks_engine.models import (
+        CacheDirError,
         ModelError,
         ModelPathError,
         context_upper_bound,
@@ -114,6 +141,8 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
         model_dir = local_model_dir(model, convert)
     except ModelPathError as err:
         raise errors.ModelPathError(str(err)) from err
+    except CacheDirError as err:
+        raise errors.HomeDirError(str(err)) from err
     except ModelError as err:
         raise EngineError(str(err)) from err
     if model_dir is None:

@@ -54,6 +54,11 @@ class ModelPathError(LocksChatError):
     """A ``--model`` path that does not exist or is not a model directory (bad input: exit code 2)."""
 
 
+class HomeDirError(LocksChatError):
+    """A directory locks-chat must write (model cache, engine log, sessions) is read-only or not permitted: the
+    user's environment, fixed by making it writable or pointing ``LOCKS_CHAT_HOME`` elsewhere (exit code 2)."""
+
+
 class EngineError(LocksChatError):
     """The engine failed to start or to generate (exit code 3)."""
 

@@ -26,7 +26,10 @@ Model = Annotated[
     ),
 ]
 Budget = Annotated[int, typer.Option("--budget", help="LOCKS token budget per decode step and KV head.", min=1)]
-Rank = Annotated[int, typer.Option("--rank", help="Rank r of each KV page's key summary.", min=1)]
+Rank = Annotated[
+    int,
+    typer.Option("--rank", help="Rank r of each KV page's key summary (at most the page's 16 tokens).", min=1, max=16),
+]
 Dense = Annotated[bool, typer.Option("--dense", help="Read every KV page (dense attention), for A/B runs.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens in the answer.", min=1)]
 ContextLength = Annotated[

@@ -5,7 +5,9 @@ conversation and a moved one does not find the old one. A turn is written when i
 its partial answer is saved as it streams, and its end state is written when it ends (``done``, ``cancelled``,
 ``failed``); a turn still marked ``answering`` when the app starts again was cut off by a crash and reads as
 ``interrupted``. Every write is its own committed transaction (WAL journal), so nothing finished is lost.
-Each call opens its own connection: the store is safe to use from worker threads.
+Each call opens its own connection: the store is safe to use from worker threads. A database that cannot be read
+or written (not SQLite, corrupt, in a directory that cannot be written) raises :class:`SessionStoreError`; the file
+is never removed or rewritten then.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locks_chat.settings import data_dir
+from locks_chat.errors import LocksChatError, exception_reason
+from locks_chat.settings import HOME_ENV, data_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -46,6 +50,35 @@ CREATE TABLE IF NOT EXISTS turns (
 );
 """
 STATUSES = ("answering", "done", "cancelled", "failed")
+
+
+class SessionStoreError(LocksChatError):
+    """A sessions database that cannot be read (not a database, corrupt, another program's) or cannot be
+    created or written (a read-only or missing data directory, a full disk, a lock held too long)."""
+
+
+_UNREADABLE = ("NOTADB", "CORRUPT")
+_UNWRITABLE = ("CANTOPEN", "READONLY", "IOERR", "PERM", "FULL", "AUTH", "NOLFS")
+_LOCKED = ("BUSY", "LOCKED")
+_OTHER_SCHEMA = re.compile(r"no such (table|column)|has no column", re.IGNORECASE)
+"""how SQLite words a database whose tables are not this store's"""
+
+
+def _store_error(path: Path, err: sqlite3.Error) -> SessionStoreError | None:
+    """The one-line error for an SQLite failure the user can fix, None for one that is a bug."""
+    kind = (getattr(err, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
+    reason = exception_reason(err)
+    if kind in _UNREADABLE or (kind == "ERROR" and _OTHER_SCHEMA.search(str(err))):
+        return SessionStoreError(
+            f"{path}: not a readable sessions database ({reason}); move it aside to start afresh"
+        )
+    if kind in _LOCKED:
+        return SessionStoreError(f"{path}: the sessions database is locked ({reason}); close other locks-chat "
+                                 "windows and try again")
+    if kind in _UNWRITABLE:
+        return SessionStoreError(f"{path}: cannot open or write the sessions database ({reason}); make "
+                                 f"{path.parent} writable or set {HOME_ENV} to a writable directory")
+    return None
 
 
 @dataclass(frozen=True)
@@ -86,7 +119,15 @@ class SessionStore:
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else data_dir() / "sessions.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            in_the_way = isinstance(err, (FileExistsError, NotADirectoryError))  # a file where a folder must be
+            fix = "move that file aside" if in_the_way else "make its parent writable"
+            raise SessionStoreError(
+                f"{self.path.parent}: cannot create the data directory ({err.strerror or exception_reason(err)}); "
+                f"{fix} or set {HOME_ENV} to a writable directory"
+            ) from None
         with self._db() as db:
             db.executescript(SCHEMA)
 
@@ -95,18 +136,33 @@ class SessionStore:
         """The store if its database file exists, else None (for commands that only read or delete: they
         must not create the file)."""
         target = Path(path) if path is not None else data_dir() / "sessions.sqlite"
-        return cls(target) if target.is_file() else None
+        try:
+            exists = target.is_file()
+        except OSError as err:  # a data directory that cannot be searched
+            raise SessionStoreError(
+                f"{target}: cannot read the sessions database ({err.strerror or exception_reason(err)}); "
+                f"make {target.parent} readable or set {HOME_ENV} to another directory"
+            ) from None
+        return cls(target) if exists else None
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=10)
+        """A connection in a transaction, committed on leaving; an SQLite failure the user can fix (in opening or
+        in the statements run) becomes a :class:`SessionStoreError`."""
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA foreign_keys=ON")
-            with db:
-                yield db
-        finally:
-            db.close()
+            db = sqlite3.connect(self.path, timeout=10)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA foreign_keys=ON")
+                with db:
+                    yield db
+            finally:
+                db.close()
+        except sqlite3.Error as err:
+            error = _store_error(self.path, err)
+            if error is None:
+                raise
+            raise error from None
 
     def open_session(
         self, doc_path: str, doc_hash: str, title: str, pages: str | None, new: bool = False

@@ -52,6 +52,11 @@ class ModelPathError(ModelError):
     """A local model path that does not exist or is not a Hugging Face model directory (the user's input)."""
 
 
+class CacheDirError(ModelError):
+    """The model cache (``cache_home() / "models"``) cannot be written: read-only or not permitted (the user's
+    environment, fixable by pointing ``$LOCKS_CHAT_HOME`` elsewhere)."""
+
+
 def cache_home() -> Path:
     """The locks-chat cache directory: ``$LOCKS_CHAT_HOME`` if set, else the platform's user cache dir."""
     env = os.environ.get(HOME_ENV)
@@ -227,13 +232,20 @@ def convert_gguf(gguf_path: Path, target: Path, dtype: str = "bfloat16") -> Path
 
     Raises:
         ModelError: transformers, gguf or accelerate is missing, or transformers fails to read the GGUF.
+        CacheDirError: ``target``'s parent cannot be written.
     """
     for module in ("transformers", "gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
             raise ModelError(f"converting {gguf_path.name} needs the package {module!r}: {INSTALL_HINT}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(target.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(target.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=target.parent))
+    except OSError as err:
+        raise CacheDirError(
+            f"cannot write the model cache {target.parent}: {err.strerror or err}; make it writable or set "
+            f"{HOME_ENV} to a writable directory"
+        ) from err
     try:
         try:
             _convert_into(gguf_path, tmp, dtype)

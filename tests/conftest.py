@@ -20,3 +20,12 @@ def model_dir():
         return str(resolve_model(None))
     except ModelError as err:
         pytest.skip(f"built-in model unavailable: {err}")
+
+
+@pytest.fixture(autouse=True)
+def no_sigterm_carried_over():
+    """A SIGTERM a test sends (or records) stays in ``locks_chat.signals`` for the process: forget it after."""
+    yield
+    from locks_chat import signals
+
+    signals._received.clear()

@@ -105,7 +105,8 @@ def test_document_that_does_not_fit_exits_2(book, engine):
     engine.max_context = 300
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 2
-    assert "do not fit the model's 300-token context" in result.stderr and "--pages" in result.stderr
+    # its one 570-token page cannot fit beside the prompt and the answer, whatever --pages says
+    assert "do not fit the model's 300-token context: not one page fits; use a larger --context" in result.stderr
 
 
 def test_document_that_cannot_fit_is_refused_before_the_engine_starts(book, engine, tokenizer, monkeypatch):
@@ -117,7 +118,7 @@ def test_document_that_cannot_fit_is_refused_before_the_engine_starts(book, engi
     before_start = runner.invoke(app, ["ask", str(book), "q", "--context", "300"])
     assert before_start.exit_code == 2
     assert before_start.stderr == after_start.stderr, "the early refusal says what the engine's would"
-    assert "do not fit the model's 300-token context" in before_start.stderr and "--pages" in before_start.stderr
+    assert "do not fit the model's 300-token context" in before_start.stderr
     assert len(before_start.stderr.strip().splitlines()) == 1 and "Traceback" not in before_start.output
     assert tokenizer.calls[-1] == (None, 300)
 
@@ -235,3 +236,51 @@ def test_help_without_a_command_exits_0(args, monkeypatch, capsys):
         main()
     assert exited.value.code == 0
     assert capsys.readouterr().out.count("Usage: locks-chat") == 1, "the help, once"
+
+
+def test_a_closed_stdout_is_bad_input_before_anything_starts(book, monkeypatch):
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr("locks_chat.ask_command.stdout_open", lambda: False)
+    result = runner.invoke(app, ["ask", str(book), "q"])
+    assert result.exit_code == 2 and "stdout is closed" in result.stderr
+
+
+def test_a_reader_that_closes_the_pipe_stops_the_answer_quietly(book, engine, monkeypatch):
+    writes, dropped = [], []
+
+    def closed_pipe(text):
+        writes.append(text)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("locks_chat.ask_command.write_out", closed_pipe)
+    monkeypatch.setattr(locks_chat.cli, "_drop_stdout", lambda: dropped.append(True))
+    result = runner.invoke(app, ["ask", str(book), "q"])
+    assert result.exit_code == locks_chat.cli.BROKEN_PIPE_EXIT_CODE and result.stderr == "" and dropped
+    assert writes == ["The "]
+    assert engine.aborted == 1 and engine.closed, "the request was not aborted before the engine closed"
+
+
+def test_an_unwritable_model_cache_is_bad_input_in_one_line(book, monkeypatch):
+    from locks_engine import models
+
+    def unwritable(model, convert=True):
+        raise models.CacheDirError("cannot write the model cache /ro/models: Read-only file system; make it "
+                                   "writable or set LOCKS_CHAT_HOME to a writable directory")
+
+    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
+    monkeypatch.setattr(models, "local_model_dir", unwritable)
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    result = runner.invoke(app, ["ask", str(book), "q"])
+    assert result.exit_code == 2 and "cannot write the model cache /ro/models" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "max_tokens, question, expected",
+    [(1000, "q", "pass a smaller --max-tokens (at most"), (10, "why " * 800, "ask a shorter question")],
+    ids=["answer-room", "long-question"],
+)
+def test_a_prompt_that_leaves_no_room_for_a_page_names_what_to_cut(book, engine, max_tokens, question, expected):
+    engine.max_context = 1200
+    result = runner.invoke(app, ["ask", str(book), question, "--max-tokens", str(max_tokens)])
+    assert result.exit_code == 2 and expected in result.stderr, result.stderr
+    assert "--pages" not in result.stderr

@@ -36,6 +36,7 @@ def opened(monkeypatch):
         apps.append(self)
 
     monkeypatch.setattr(LocksChatApp, "run", run)
+    monkeypatch.setattr("locks_chat.chat_command.terminal_attached", lambda: True)
     monkeypatch.setattr(LocksChatApp, "return_code", None, raising=False)
     return apps
 
@@ -78,7 +79,7 @@ def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, opened):
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["missing.pdf"], "missing.pdf: no such file"), (["{book}", "--rank", "20"], "rank=20")],
+    [(["missing.pdf"], "missing.pdf: no such file"), (["{book}", "--rank", "20"], "--rank")],
     ids=["missing", "bad-rank"],
 )
 def test_chat_errors_are_one_line_before_the_screen_opens(tmp_path, opened, args, message):
@@ -137,3 +138,26 @@ def test_sessions_commands_do_not_create_the_database():
         result = runner.invoke(app, ["sessions", *args])
         assert result.exit_code == 2 and "no session 1" in result.stderr
     assert not db.exists() and not db.parent.exists()
+
+
+def test_the_chat_app_without_a_terminal_is_refused_before_it_starts(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(LocksChatApp, "run", lambda self, *a, **k: started.append(self))
+    result = runner.invoke(app, ["chat", str(write_book(tmp_path))])  # CliRunner's stdin and stdout are no tty
+    assert result.exit_code == 2 and "the chat app needs a terminal" in result.stderr and not started
+
+
+def test_an_unwritable_data_directory_is_one_line_before_the_app_starts(tmp_path, monkeypatch, opened):
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    monkeypatch.setenv("LOCKS_CHAT_HOME", str(home))
+    result = runner.invoke(app, ["chat", str(write_book(tmp_path))])
+    assert result.exit_code == 2 and not opened, result.output
+    assert "cannot write the engine log" in result.stderr and "LOCKS_CHAT_HOME" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("locks-chat ")
+    assert with_default_command(["--version"]) == ["--version"]

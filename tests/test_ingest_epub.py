@@ -8,7 +8,7 @@ import zipfile
 import pytest
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError
-from locks_chat.ingest import PageKind, load_document
+from locks_chat.ingest import PageKind, load, load_document
 from tests.ingest_samples import epub_book, write
 
 CHAPTERS = [
@@ -72,3 +72,15 @@ def test_drm_epub_is_refused(tmp_path):
 def test_epub_that_is_not_a_zip_is_refused(tmp_path):
     with pytest.raises(DocumentError, match="not an EPUB"):
         load_document(write(tmp_path, "fake.epub", b"<html>not a book</html>"))
+
+
+def test_epub_that_unpacks_past_the_cap_is_refused(tmp_path, monkeypatch):
+    data = epub_book([("Filler", "<p>" + "all work and no play " * 20_000 + "</p>")])  # 420 kB unpacked
+    path = write(tmp_path, "bomb.epub", data)
+    monkeypatch.setattr(load, "MAX_DOCUMENT_BYTES", 256 << 10)
+    assert len(data) < 256 << 10
+    with pytest.raises(DocumentError) as info:
+        load_document(path)
+    assert str(info.value) == (
+        f"{path}: unpacks to more than 256 KiB: not an EPUB locks-chat reads (a zip bomb?); pass another file"
+    )

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from locks_chat.errors import DocumentError, EncryptedError, LocksChatError, NoTextError, PageRangeError
-from locks_chat.ingest import load_document, rich_progress
+from locks_chat.ingest import load, load_document, rich_progress
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
-from tests.ingest_samples import text_pdf, write
+from tests.ingest_samples import encrypted, text_pdf, write
 
 
 def test_pdf_is_sniffed_by_content_not_suffix(tmp_path):
@@ -46,9 +50,103 @@ def test_error_types_share_exit_code_2():
     assert issubclass(EncryptedError, DocumentError)
 
 
-def test_password_is_ignored_for_unencrypted_files(tmp_path):
-    doc = load_document(write(tmp_path, "plain.pdf", text_pdf(["Open text."])), password="unused")
+def test_password_for_an_unencrypted_file_is_ignored_with_a_warning(tmp_path):
+    path = write(tmp_path, "plain.pdf", text_pdf(["Open text."]))
+    doc = load_document(path, password="unused")
     assert doc.text == "Open text."
+    assert doc.warnings == (f"--password given but {path} is not encrypted; ignored",)
+    assert load_document(path).warnings == ()
+    notes = write(tmp_path, "notes.txt", b"Plain notes.")
+    assert load_document(notes, password="").warnings == (f"--password given but {notes} is not encrypted; ignored",)
+    locked = write(tmp_path, "locked.pdf", encrypted(text_pdf(["Secret text."]), "pw"))
+    assert load_document(locked, password="pw").warnings == ()
+
+
+def test_file_larger_than_the_cap_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(load, "MAX_DOCUMENT_BYTES", 1024)
+    assert load_document(write(tmp_path, "fits.txt", b"word " * 204 + b"end.")).text.endswith("end.")
+    big = write(tmp_path, "big.txt", b"word " * 205)
+    with pytest.raises(DocumentError) as info:
+        load_document(big)
+    assert str(info.value) == (
+        f"{big}: larger than 1 KiB: not a document locks-chat reads; pass a PDF, EPUB, text or Markdown file"
+    )
+
+
+def fifo_writer(path: Path, data: bytes, chunk: int = 4096) -> tuple[threading.Thread, dict]:
+    """A thread that writes ``data`` into the FIFO ``path`` (like a device that produces data) until the reader
+    hangs up; ``state["written"]`` counts the bytes the reader took (plus the pipe buffer)."""
+    state = {"written": 0}
+
+    def run() -> None:
+        with open(path, "wb", buffering=0) as out:
+            try:
+                for start in range(0, len(data), chunk):
+                    state["written"] += out.write(data[start : start + chunk])
+            except BrokenPipeError:
+                state["hung_up"] = True
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, state
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_endless_input_is_read_up_to_the_cap_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(load, "MAX_DOCUMENT_BYTES", 64 << 10)
+    monkeypatch.setattr(load, "READ_CHUNK_BYTES", 4096)
+    fifo = tmp_path / "device"
+    os.mkfifo(fifo)
+    writer, state = fifo_writer(fifo, b"word " * (4 << 20))  # 20 MB of text: "endless" next to a 64 KiB cap
+    with pytest.raises(DocumentError, match=r"device: larger than 64 KiB: not a document locks-chat reads"):
+        load_document(fifo)
+    writer.join(10)
+    assert state.get("hung_up") and state["written"] < 1 << 20
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_pipe_is_read_as_a_document(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    text = "Piped paragraph. " * 1000  # 17 kB in writes of 1000 bytes: many reads, several pages
+    writer, _ = fifo_writer(fifo, text.encode(), chunk=1000)
+    doc = load_document(fifo)
+    writer.join(10)
+    assert doc.format == "text" and " ".join(page.text for page in doc.pages) == text.strip()
+    stdin = subprocess.run(
+        [sys.executable, "-c", "from locks_chat.ingest import load_document; print(load_document('/dev/stdin').text)"],
+        input=b"Text from standard input.\n",
+        capture_output=True,
+        timeout=60,
+    )
+    assert (stdin.returncode, stdin.stdout) == (0, b"Text from standard input.\n"), stdin.stderr
+
+
+SIGTERM_DURING_READ = """
+import os, resource, signal, sys, threading, time
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # without chunked reads: MemoryError, not an OOM kill
+from locks_chat.ingest import load, load_document
+
+class Terminated(Exception):
+    pass
+
+def on_term(signum, frame):
+    raise Terminated
+
+signal.signal(signal.SIGTERM, on_term)
+load.MAX_DOCUMENT_BYTES = 1 << 40  # so only the signal can end the read
+threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+try:
+    load_document("/dev/zero")
+except Terminated:
+    print("terminated")
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero") or sys.platform != "linux", reason="needs Linux /dev/zero")
+def test_sigterm_lands_while_an_endless_device_is_read():
+    result = subprocess.run([sys.executable, "-c", SIGTERM_DURING_READ], capture_output=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, b"terminated\n"), result.stderr[-2000:]
 
 
 def spin(seconds: float) -> str:

@@ -87,3 +87,34 @@ def test_describe_pages():
     assert describe_pages(PLAIN) == "physical 1-10"
     assert describe_pages(MANUAL) == "physical 1-13 (printed T-1 to T-2, i to iv, 1 to 7)"
     assert describe_pages(["i", "ii", "1", "2", "A", "3"]) == "physical 1-6 (printed i-ii, 1-2, A, 3)"
+
+
+@pytest.mark.parametrize(
+    "spec, reason",
+    [
+        ("8", "no page is printed '8' (pass '#8' to mean physical page 8)"),
+        ("8-", "no page is printed '8' (pass '#8-' to mean physical pages 8-13)"),
+        ("-9", "no page is printed '9' (pass '#-9' to mean physical pages 1-9)"),
+        ("1,8-9", "no page is printed '8' (pass '#8-9' to mean physical pages 8-9)"),
+        ("20", "no page is printed '20'; valid"),
+        ("iv-20", "no page is printed '20'; valid"),
+    ],
+)
+def test_number_that_is_no_printed_label_is_not_read_as_a_physical_page(spec, reason):
+    # MANUAL has 13 physical pages but none printed "8": "8" must not silently mean the 8th page (printed "ii")
+    with pytest.raises(PageRangeError) as info:
+        select_pages(spec, MANUAL)
+    assert reason in str(info.value)
+    assert str(info.value).endswith(describe_pages(MANUAL)) and "\n" not in str(info.value)
+    physical = spec.split(",")[-1]
+    if "#" in reason:
+        assert select_pages("#" + physical, MANUAL) == select_pages(physical, [str(n) for n in range(1, 14)])
+
+
+def test_plain_numbering_reads_numbers_as_pages():
+    plain = [str(n) for n in range(1, 114)]
+    assert select_pages("108", plain) == [107]
+    assert select_pages("105-108", plain) == [104, 105, 106, 107]
+    assert select_pages("#108", plain) == [107]
+    with pytest.raises(PageRangeError, match="'114' is out of range"):
+        select_pages("114", plain)

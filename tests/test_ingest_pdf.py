@@ -71,6 +71,16 @@ def test_bad_page_range_names_the_valid_range(book_pdf, spec):
     assert "\n" not in str(info.value) and info.value.exit_code == 2
 
 
+def test_single_number_that_is_no_printed_label_is_refused(tmp_path, book_pdf):
+    # 8 physical pages printed i-iii, 1-5: "7" is the 7th page of the file but no page is printed "7"
+    with pytest.raises(PageRangeError) as info:
+        load_document(book_pdf, pages="7")
+    assert "no page is printed '7' (pass '#7' to mean physical page 7)" in str(info.value)
+    assert [p.label for p in load_document(book_pdf, pages="#7").pages] == ["4"]
+    plain = load_document(write(tmp_path, "plain.pdf", text_pdf(FRONT + BODY)), pages="7")
+    assert [(p.number, p.label) for p in plain.pages] == [(7, "7")]
+
+
 def test_blank_and_image_only_pages(tmp_path):
     data = text_pdf(["First page text.", None, "Third page text.", "scan"], image_pages=[3])
     doc = load_document(write(tmp_path, "mixed.pdf", data))
@@ -116,6 +126,7 @@ def test_user_password_required(tmp_path, book_pdf):
     doc = load_document(path, password="s3cret")
     assert [p.label for p in doc.pages][:4] == ["i", "ii", "iii", "1"]
     assert "The fact of page 1 is 7." in doc.text
+    assert doc.warnings == ()
 
 
 def test_empty_user_password_opens_without_password(tmp_path, book_pdf):

@@ -169,3 +169,12 @@ def test_local_model_dir_does_not_convert_when_told_not_to(monkeypatch, home, tm
     monkeypatch.setattr(models, "_convert_into", fake_convert)
     converted = models.local_model_dir("builtin")
     assert converted == models.builtin_target() and models.local_model_dir(None, convert=False) == converted
+
+
+def test_an_unwritable_model_cache_is_a_cache_dir_error(tmp_path):
+    from locks_engine.models import CacheDirError, convert_gguf
+
+    blocker = tmp_path / "home-is-a-file"
+    blocker.write_text("")
+    with pytest.raises(CacheDirError, match="cannot write the model cache .*home-is-a-file.*LOCKS_CHAT_HOME"):
+        convert_gguf(tmp_path / "model.gguf", blocker / "models" / "builtin")

@@ -64,6 +64,28 @@ def test_citations_match_labels():
     ]
 
 
+@pytest.mark.parametrize(
+    "answer",
+    ["This page contains the preface.", "The page mentions Ann.", "Both pages mix prose and verse.",
+     "The pages I read say so.", "The pageviews grew.", "See the pages (all of them).", "At 5 p.m. Ann left."],
+    ids=["contains", "mentions", "mix", "pronoun-I", "pageviews", "no-label", "p.m."],
+)
+def test_a_word_after_page_is_no_citation(answer):
+    doc = make_doc(["a", "b", "c", "d"], ["c", "m", "mix", "i"])
+    assert find_citations(answer, doc) == []
+
+
+def test_real_citations_next_to_words_that_look_like_roman_numerals():
+    doc = make_doc(["a", "b", "c", "d", "e", "f"], ["iv", "v", "x", "1", "2", "12"])
+    answer = ("This page contains the map (p. 12); the pages mix maps (pages iv-x) and the page mentions Ann on "
+              "page 1, pp. 2–3, p. V and (p.12).")
+    assert find_citations(answer, doc) == [
+        {"page": "12", "physical": 6}, {"page": "iv", "physical": 1}, {"page": "x", "physical": 3},
+        {"page": "1", "physical": 4}, {"page": "2", "physical": 5}, {"page": "3", "physical": None},
+        {"page": "v", "physical": 2},
+    ]
+
+
 def test_ask_streams_and_maps_kv_pages_to_document_pages():
     doc = make_doc([" ".join(["word"] * 40), " ".join(["other"] * 40), " ".join(["third"] * 40)])
     prompt = build_prompt(WordTokenizer(), doc, ["q"])

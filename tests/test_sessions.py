@@ -1,10 +1,13 @@
 """The sessions store (SQLite), transcripts, and the settings file."""
 
+import os
 import sqlite3
 
 import pytest
+from typer.testing import CliRunner
 
-from locks_chat.sessions import SessionStore, file_hash
+from locks_chat.cli import app
+from locks_chat.sessions import SessionStore, SessionStoreError, file_hash
 from locks_chat.settings import Settings, config_dir, data_dir, load_settings, save_settings, settings_path
 from locks_chat.transcript import export_transcript, render_transcript
 
@@ -59,6 +62,104 @@ def test_ids_past_sqlite_integers_are_no_sessions(book):
     huge = 10**20
     assert store.get(huge) is None and store.turns(huge) == [] and not store.delete(huge)
     assert len(store.list_sessions()) == 1
+
+
+GARBAGE = b"\x00\xffthis is no SQLite database\n" * 200
+runner = CliRunner()
+
+
+@pytest.fixture
+def corrupt_db(user_home):
+    db = user_home / "data" / "sessions.sqlite"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(GARBAGE)
+    return db
+
+
+@pytest.fixture
+def app_not_run(monkeypatch):
+    """The chat command up to the app's start: the app is recorded, not run (CliRunner has no terminal)."""
+    from locks_chat.tui.app import LocksChatApp
+
+    started = []
+    monkeypatch.setattr(LocksChatApp, "run", lambda self, *args, **kwargs: started.append(self))
+    monkeypatch.setattr(LocksChatApp, "return_code", None, raising=False)
+    monkeypatch.setattr("locks_chat.chat_command.terminal_attached", lambda: True, raising=False)
+    return started
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    [line] = result.stderr.splitlines()
+    return line
+
+
+@pytest.mark.parametrize("args", [["list"], ["list", "--json"], ["show", "1"], ["delete", "1"]],
+                         ids=["list", "list-json", "show", "delete"])
+def test_a_corrupt_database_is_one_line_for_the_sessions_commands(corrupt_db, args):
+    line = one_error_line(runner.invoke(app, ["sessions", *args]))
+    assert str(corrupt_db) in line and "not a readable sessions database" in line and "move it aside" in line
+    assert corrupt_db.read_bytes() == GARBAGE and os.listdir(corrupt_db.parent) == ["sessions.sqlite"]
+
+
+def test_a_corrupt_database_is_one_line_before_the_chat_app_starts(corrupt_db, book, app_not_run):
+    line = one_error_line(runner.invoke(app, ["chat", str(book)]))
+    assert str(corrupt_db) in line and "not a readable sessions database" in line and "move it aside" in line
+    assert not app_not_run and corrupt_db.read_bytes() == GARBAGE
+
+
+def test_a_database_that_cannot_be_created_is_one_line_before_the_chat_app_starts(user_home, book, app_not_run):
+    db = user_home / "data" / "sessions.sqlite"
+    db.mkdir(parents=True)  # a folder where the file must be: SQLite cannot open it (whoever runs the tests)
+    line = one_error_line(runner.invoke(app, ["chat", str(book)]))
+    assert str(db) in line and "cannot open or write the sessions database" in line and "LOCKS_CHAT_HOME" in line
+    assert not app_not_run
+
+
+def test_a_data_directory_that_cannot_be_searched_is_one_line_for_the_sessions_commands(monkeypatch):
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr("pathlib.Path.is_file", denied)  # what a data folder without x permission gives (not root)
+    line = one_error_line(runner.invoke(app, ["sessions", "list"]))
+    assert "sessions.sqlite: cannot read the sessions database (Permission denied)" in line
+
+
+def test_another_programs_sqlite_file_is_not_a_sessions_database(user_home):
+    db = user_home / "data" / "sessions.sqlite"
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(db) as other:
+        other.execute("CREATE TABLE sessions (cookie TEXT)")
+    other.close()
+    with pytest.raises(SessionStoreError, match=r"not a readable sessions database .*move it aside"):
+        SessionStore()
+
+
+@pytest.mark.parametrize("under", ["data", "data/deeper"], ids=["file-is-the-folder", "file-above-the-folder"])
+def test_a_data_directory_blocked_by_a_file_is_a_user_error(user_home, under):
+    user_home.mkdir()
+    (user_home / "data").write_text("")
+    with pytest.raises(SessionStoreError, match=r"cannot create the data directory .*move that file aside"):
+        SessionStore(user_home / under / "sessions.sqlite")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+@pytest.mark.parametrize(
+    "read_only, message",
+    [("home", "cannot create the data directory (Permission denied); make its parent writable"),
+     ("data", "cannot open or write the sessions database")],
+    ids=["data-folder-to-create", "data-folder"],
+)
+def test_a_read_only_data_directory_is_a_user_error(user_home, read_only, message):
+    folder = user_home / read_only
+    folder.mkdir(parents=True)
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(SessionStoreError, match="LOCKS_CHAT_HOME") as err:
+            SessionStore()
+    finally:
+        folder.chmod(0o755)
+    assert message in err.value.message
 
 
 def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):

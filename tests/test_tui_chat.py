@@ -239,7 +239,8 @@ async def test_quitting_mid_answer_saves_the_partial_answer_as_cancelled(book):
 
 
 async def test_a_book_that_does_not_fit_says_to_use_pages(book):
-    app = build_app(book, ChatOptions(), Factory(FakeEngine(max_context=300)))
+    # 64 tokens for the answer: the prompt leaves room for a short page, not for the book
+    app = build_app(book, ChatOptions(settings=Settings(max_tokens=64)), Factory(FakeEngine(max_context=300)))
     async with app.run_test(size=SIZE) as pilot:
         await ask(pilot, "Too long?")
         await until(pilot, lambda: not app.screen.answering, what="the failure")

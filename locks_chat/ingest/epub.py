@@ -4,7 +4,9 @@ An EPUB has no fixed pages: a cited page is one spine item (a chapter or section
 has text, in reading order, labelled "1", "2", ... (:attr:`PageKind.CHAPTER`); spine items
 without text (a cover image, an empty title page) and the navigation document (the EPUB 3 table of
 contents, which some books put in the spine) are left out of the numbering. EPUBs
-whose content is encrypted (DRM) are refused; font obfuscation is not DRM and is accepted.
+whose content is encrypted (DRM) are refused; font obfuscation is not DRM and is accepted. An
+archive whose files add up to more than :data:`~locks_chat.ingest.load.MAX_DOCUMENT_BYTES` once
+unpacked (a zip bomb) is refused before anything is decompressed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def read_epub(data: bytes, source: str, *, pages: str | None = None) -> Document
 
     Raises:
         EncryptedError: the content is DRM-encrypted.
-        DocumentError: not a readable EPUB.
+        DocumentError: not a readable EPUB, or larger than ``MAX_DOCUMENT_BYTES`` unpacked.
         NoTextError: no chapter has text.
         PageRangeError: ``pages`` is malformed or out of range.
     """
@@ -85,8 +87,17 @@ def _item_text(book, idref: str, source: str, warnings: list[str]) -> str:
 
 
 def _refuse_drm(data: bytes, source: str) -> None:
+    from locks_chat.ingest import load
+
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+            if unpacked > load.MAX_DOCUMENT_BYTES:
+                limit = load.format_bytes(load.MAX_DOCUMENT_BYTES)
+                raise DocumentError(
+                    f"{source}: unpacks to more than {limit}: not an EPUB locks-chat reads (a zip bomb?); "
+                    "pass another file"
+                )
             if "META-INF/encryption.xml" not in archive.namelist():
                 return
             manifest = archive.read("META-INF/encryption.xml").decode("utf-8", errors="replace")

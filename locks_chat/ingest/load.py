@@ -4,18 +4,30 @@ The format is decided by content first (``%PDF-`` header, an EPUB's zip ``mimety
 entry), then by suffix (``.md``/``.markdown`` is Markdown); anything else that decodes as
 text is plain text. Known binary formats (images, Office files, other archives) are
 refused with a one-line error.
+
+Reading is bounded: the file is read in chunks of :data:`READ_CHUNK_BYTES`, so a Ctrl+C or
+SIGTERM lands between two reads, and an input larger than :data:`MAX_DOCUMENT_BYTES`
+(``/dev/zero``, ``/dev/urandom``, a disk image) is refused instead of filling memory. Pipes
+(``/dev/stdin``, a FIFO) are read like files.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO, NoReturn
 
 from locks_chat.errors import DocumentError
 from locks_chat.ingest.document import Document
 from locks_chat.ingest.progress import ProgressCallback
 
 _SUPPORTED = "pass a PDF, EPUB, text or Markdown file"
+MAX_DOCUMENT_BYTES = 1 << 30
+"""largest document read, in bytes (1 GiB): the longest books and scanned PDFs are a few hundred MB at most"""
+READ_CHUNK_BYTES = 4 << 20
+"""bytes asked of the operating system per read (4 MiB); signals are handled between two reads"""
 MARKDOWN_SUFFIXES = {".md", ".markdown", ".mdown", ".mkd"}
 _BINARY_MAGIC = {
     b"\x89PNG": "a PNG image",
@@ -42,7 +54,8 @@ def load_document(
 
     Args:
         path (str | os.PathLike): the file.
-        password (str | None): PDF user or owner password; ignored for other formats.
+        password (str | None): PDF user or owner password; given for a file that is not an encrypted
+            PDF, it is ignored with a warning in :attr:`Document.warnings`.
         pages (str | None): ``--pages`` selector such as ``"40-80"`` or ``"iv-x"``
             (:mod:`locks_chat.ingest.pagerange`); ``None`` for the whole document.
         progress (ProgressCallback | None): called with (pages done, pages total) while a
@@ -51,7 +64,7 @@ def load_document(
             skipped with a warning; ``None`` for no limit.
 
     Raises:
-        DocumentError: missing, unreadable or unsupported file.
+        DocumentError: missing, unreadable or unsupported file, or larger than :data:`MAX_DOCUMENT_BYTES`.
         EncryptedError: password needed or wrong, or DRM.
         NoTextError: nothing to read (scanned PDF, empty file or selection).
         PageRangeError: ``pages`` is malformed, empty or out of range.
@@ -68,10 +81,19 @@ def load_document(
     if kind == "epub":
         from locks_chat.ingest.epub import read_epub
 
-        return read_epub(data, source, pages=pages)
-    from locks_chat.ingest.text import read_text
+        document = read_epub(data, source, pages=pages)
+    else:
+        from locks_chat.ingest.text import read_text
 
-    return read_text(data, source, markdown=kind == "markdown", pages=pages)
+        document = read_text(data, source, markdown=kind == "markdown", pages=pages)
+    if password is not None:
+        document = replace(document, warnings=(*document.warnings, unused_password_warning(source)))
+    return document
+
+
+def unused_password_warning(source: str) -> str:
+    """The warning for a ``--password`` given with a file that needs none."""
+    return f"--password given but {source} is not encrypted; ignored"
 
 
 def sniff_format(data: bytes, source: str) -> str:
@@ -99,7 +121,8 @@ def sniff_format(data: bytes, source: str) -> str:
 
 def _read_bytes(path: Path, source: str) -> bytes:
     try:
-        return path.read_bytes()
+        with open(path, "rb", buffering=0) as file:
+            return read_bounded(file, source)
     except FileNotFoundError:
         raise DocumentError(f"{source}: no such file; check the path") from None
     except IsADirectoryError:
@@ -108,3 +131,45 @@ def _read_bytes(path: Path, source: str) -> bytes:
         raise DocumentError(f"{source}: permission denied; check the file's permissions") from None
     except OSError as exc:
         raise DocumentError(f"{source}: cannot read ({exc.strerror}); check the file") from None
+
+
+def read_bounded(file: BinaryIO, source: str, limit: int | None = None) -> bytes:
+    """All bytes of an open binary file, pipe or device, read in chunks of :data:`READ_CHUNK_BYTES`.
+
+    Args:
+        file (BinaryIO): open for reading bytes, e.g. ``open(path, "rb", buffering=0)``; ``read(n)`` gives
+            at most ``n`` bytes, ``b""`` at the end.
+        source (str): the file name, for messages.
+        limit (int | None): the most bytes accepted (bytes); ``None`` for :data:`MAX_DOCUMENT_BYTES`.
+
+    Raises:
+        DocumentError: more than ``limit`` bytes (an endless device such as ``/dev/zero`` stops at ``limit + 1``).
+        OSError: the read itself failed.
+    """
+    limit = MAX_DOCUMENT_BYTES if limit is None else limit
+    try:
+        info = os.fstat(file.fileno())
+    except (AttributeError, OSError, ValueError):
+        info = None
+    if info is not None and stat.S_ISREG(info.st_mode) and info.st_size > limit:
+        _too_large(source, limit)
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := file.read(min(READ_CHUNK_BYTES, limit + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            _too_large(source, limit)
+    return b"".join(chunks)
+
+
+def _too_large(source: str, limit: int) -> NoReturn:
+    raise DocumentError(f"{source}: larger than {format_bytes(limit)}: not a document locks-chat reads; {_SUPPORTED}")
+
+
+def format_bytes(count: int) -> str:
+    """``"1 GiB"``, ``"64 KiB"``, ``"1000 bytes"``: a byte count (bytes) for messages, in the largest exact unit."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size and count % size == 0:
+            return f"{count // size} {unit}"
+    return f"{count} bytes"

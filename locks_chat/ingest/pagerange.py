@@ -11,11 +11,14 @@ How a part is read:
    starting at "1") means its first occurrence, and a range's end the first occurrence
    at or after its start. Labels containing ``-`` (``T-1``) work: every split point is
    tried.
-2. Otherwise the part is physical page numbers, 1-based, counting every page of the file.
+2. In a document without such labels (plain numbering: text, EPUB, most PDFs), the part
+   is physical page numbers, 1-based, counting every page of the file.
 3. A leading ``#`` forces physical numbers: ``#1-8`` is the first eight pages of the
    file whatever they are labelled.
-4. A part naming a printed label that does not exist, or mixing a label with a number
-   that only makes sense physically, is an error rather than a silent reinterpretation.
+4. In a document with printed labels, a part naming a printed label that does not exist
+   (``108`` when the last page is printed "107", though the file has 113 pages), or mixing
+   a label with a number that only makes sense physically, is an error rather than a
+   silent reinterpretation as physical numbers; the message suggests the ``#`` form.
 """
 
 from __future__ import annotations
@@ -66,22 +69,38 @@ def _resolve_part(part: str, spec: str, labels: Sequence[str]) -> tuple[int, int
         _fail(spec, "empty part", labels)
     physical = part.startswith("#")
     body = part[1:].strip() if physical else part
+    numbers = _as_numbers(body, len(labels))
+    in_range = numbers is not None and all(1 <= n <= len(labels) for n in numbers)
     if not physical and _has_printed_labels(labels):
         found = _by_labels(body, labels)
         if found is not None:
             return _ordered(found, part, spec, labels)
         tokens = _tokens(body)
         missing = [t for t in tokens if _find_label(t, labels, 0) is None]
-        if missing and len(missing) < len(tokens):
-            _fail(spec, f"no page is printed {missing[0]!r} (prefix # for physical page numbers)", labels)
+        if missing and (numbers is not None or len(missing) < len(tokens)):
+            # never fall back to physical numbers silently: "108" is not the page printed "102"
+            _fail(spec, f"no page is printed {missing[0]!r}{_physical_hint(body, numbers, in_range)}", labels)
+    if numbers is None:
+        _fail(spec, f"{part!r} is neither page numbers nor printed page labels", labels)
+    if not in_range:
+        _fail(spec, f"{part!r} is out of range", labels)
+    return _ordered((numbers[0] - 1, numbers[1] - 1), part, spec, labels)
+
+
+def _physical_hint(body: str, numbers: tuple[int, int] | None, in_range: bool) -> str:
+    """`` (pass '#108' to mean physical page 108)`` when that reading exists, else ``""``."""
+    if numbers is None or not in_range:
+        return ""
+    what = f"page {numbers[0]}" if numbers[0] == numbers[1] else f"pages {numbers[0]}-{numbers[1]}"
+    return f" (pass '#{body}' to mean physical {what})"
+
+
+def _as_numbers(body: str, count: int) -> tuple[int, int] | None:
+    """``body`` read as physical page numbers: 1-based (first, last), not range-checked; ``None`` if not numbers."""
     for first, last in _splits(body):
         if _is_number(first) and _is_number(last):
-            start = int(first) if first else 1
-            end = int(last) if last else len(labels)
-            if not 1 <= start <= len(labels) or not 1 <= end <= len(labels):
-                _fail(spec, f"{part!r} is out of range", labels)
-            return _ordered((start - 1, end - 1), part, spec, labels)
-    _fail(spec, f"{part!r} is neither page numbers nor printed page labels", labels)
+            return int(first) if first else 1, int(last) if last else count
+    return None
 
 
 def _by_labels(body: str, labels: Sequence[str]) -> tuple[int, int] | None:

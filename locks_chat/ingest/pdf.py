@@ -22,6 +22,7 @@ from pathlib import Path
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
+from locks_chat.ingest.load import unused_password_warning
 from locks_chat.ingest.normalize import normalize_text
 from locks_chat.ingest.pagerange import describe_pages, select_pages
 from locks_chat.ingest.progress import ProgressCallback
@@ -42,7 +43,8 @@ def read_pdf(
     Args:
         data (bytes): the PDF file's content.
         source (str): the file name, for messages.
-        password (str | None): user or owner password; ``None`` tries the empty password.
+        password (str | None): user or owner password; ``None`` tries the empty password. Given for a PDF
+            that is not encrypted, it is ignored with a warning in :attr:`Document.warnings`.
         pages (str | None): a ``--pages`` selector (:mod:`.pagerange`); ``None`` for all.
         progress (ProgressCallback | None): called with (pages done, pages selected).
         page_time_limit (float | None): seconds one page may take; ``None`` for no limit.
@@ -62,6 +64,8 @@ def read_pdf(
             reader, lambda: _open(data, source, password), selected, labels, progress, page_time_limit
         )
         title = _title(reader)
+        if password is not None and not reader.is_encrypted:
+            warnings.append(unused_password_warning(source))
     if salvaged:
         lost = [page.number - 1 for page in raw_pages if not page.text]
         lost_text = f"; {_pages_name(lost, labels)}: no text, possibly lost" if lost else ""

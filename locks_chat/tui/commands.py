@@ -72,5 +72,5 @@ def parse_command(text: str) -> Command:
         if arg:
             raise CommandError(f"/{name} takes no argument")
         return Command(name)
-    known = "/budget, /rank, /dense, /pages, /stats, /export, /help"
+    known = "/budget, /rank, /dense, /pages, /stats, /export, /help, /quit"
     raise CommandError(f"unknown command /{name}: the commands are {known}")

@@ -271,7 +271,8 @@ class ChatScreen(Screen):
         document = message.document
         self.panels.set_document(document)
         pages = f", pages {self.chat.pages}" if self.chat.pages else ""
-        self.app.sub_title = f"{self.chat.path.name}{pages} ({len(document.pages)} pages)"
+        count = len(document.pages)
+        self.app.sub_title = f"{self.chat.path.name}{pages} ({count} page{'' if count == 1 else 's'})"
         for warning in document.warnings[:3]:
             self.notify(warning, severity="warning")
         self._ready_or_waiting()

@@ -103,7 +103,7 @@ class PageStrip(Widget):
         if not self.pages:
             return "no document yet"
         if not self.token:
-            return f"{len(self.pages)} pages; nothing read yet"
+            return f"{len(self.pages)} page{'' if len(self.pages) == 1 else 's'}; nothing read yet"
         top = sorted(self.share, key=lambda n: (-self.share[n], n))[:3]
         labels = {p.number: p.label for p in self.pages}
         most = ", ".join(labels[n] for n in top)
