@@ -334,3 +334,21 @@ async def test_budget_panel_counts_the_partial_last_page(seq_len, pages_read, sa
         panel.show_step(StepReading(seq_len, pages_read, 73 * 6, ()))
         await pilot.pause()
         assert said in str(panel.render())
+
+
+async def test_the_panels_give_way_to_the_conversation_on_narrow_terminals(book):
+    from locks_chat.tui.widgets.reading_panels import ReadingPanels
+
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=(60, 24)) as pilot:
+        await ask(pilot, "What is the password?")
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        panels, column = app.screen.query_one(ReadingPanels), app.screen.query_one("#chat-column")
+        assert not panels.display and column.size.width == 60
+        assert any("panels are hidden below 70 columns" in n for n in notices(app))
+        for width, panel_width in ((80, 30), (100, 32), (120, 52), (140, 52)):
+            await pilot.resize_terminal(width, 30)
+            await pilot.pause()
+            assert panels.display and panels.size.width == panel_width, width
+            assert column.size.width == width - panel_width
+        assert answer_text(app) == "It is BLUE (p. 2)."

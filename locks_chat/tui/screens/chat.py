@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.markup import escape
 from textual.binding import Binding
@@ -42,6 +42,13 @@ from locks_chat.tui.widgets.page_strip import PageStrip
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.reading_panels import ReadingPanels
 from locks_chat.tui.widgets.turn_view import TurnView
+
+
+
+#: The panels' width when the terminal has room, and the narrowest they are drawn at (characters).
+PANELS_WIDTH, PANELS_MIN_WIDTH = 52, 30
+#: Columns the conversation gets first (up to 120 columns the panels shrink), and the fewest it is left with.
+CHAT_WIDTH, CHAT_MIN_WIDTH = 68, 40
 
 
 class ChatScreen(Screen):
@@ -117,12 +124,32 @@ class ChatScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._panels_hidden_said = False
+        self.fit_panels(self.app.size.width)
         self.set_interval(DRAIN_PERIOD_S, self._request_drain)
         self.app.sub_title = self.chat.path.name
         self.panels.set_settings(self.chat.settings)
         self.query_one(PromptInput).focus()
         self.load(self.chat.options.pages, first=True)
         self.start_engine(self.chat.settings, None)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.fit_panels(event.size.width)
+
+    def fit_panels(self, width: int) -> None:
+        """Narrow terminals: the panels take what the conversation leaves over :data:`CHAT_WIDTH` columns, between
+        :data:`PANELS_MIN_WIDTH` and :data:`PANELS_WIDTH`, and hide (with one notice) when the conversation would
+        be left fewer than :data:`CHAT_MIN_WIDTH`."""
+        panels = self.panels
+        room = min(PANELS_WIDTH, max(PANELS_MIN_WIDTH, width - CHAT_WIDTH))
+        shown = width - room >= CHAT_MIN_WIDTH
+        if shown:
+            panels.styles.width = room
+        elif panels.display and not self._panels_hidden_said:
+            self._panels_hidden_said = True
+            self.notify(f"The LOCKS panels are hidden below {CHAT_MIN_WIDTH + PANELS_MIN_WIDTH} columns: widen the "
+                        "terminal to see them", timeout=15)
+        panels.display = shown
 
     def on_unmount(self) -> None:
         """Leaving the app mid-answer stops the answer; the worker saves it as cancelled."""
