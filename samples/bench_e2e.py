@@ -51,7 +51,7 @@ from locks_engine.vllm_backend.probes import (
     read_probes,
     reset_probes,
     start_profile,
-    stop_profile,
+    stop_profile_summary,
 )
 
 LLAMA_8B = {
@@ -72,6 +72,8 @@ BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
 CHILD_START = time.perf_counter()
 #: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
 HBM_PEAK_BYTES_S = 4.8e12
+#: seconds past ``--time-limit`` in which ``--profile-steps`` may still start (``--timeout`` keeps 120 s spare)
+PROFILE_GRACE_S = 60
 
 
 def model_config(shape: str, layers: int | None, max_len: int) -> dict:
@@ -149,7 +151,8 @@ def run_engine(args: argparse.Namespace) -> dict:
             result["cells"].append(cell)
             print(json.dumps({k: v for k, v in cell.items() if k != "tpot_ms_reps"}), flush=True)
         save_result(args, result)  # after every cell: a timed-out engine keeps what it measured
-    if args.profile_steps and time.perf_counter() < deadline:
+    # the profile is a few seconds of decode: it may start up to PROFILE_GRACE_S past the cells' deadline
+    if args.profile_steps and time.perf_counter() < deadline + PROFILE_GRACE_S:
         result["profile"] = profile_decode(llm, SamplingParams, max(contexts), args.profile_steps, args, cfg)
         save_result(args, result)
     return result
@@ -157,8 +160,9 @@ def run_engine(args: argparse.Namespace) -> dict:
 
 def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -> dict:
     """Torch profiler in every worker around ``steps`` decode tokens on the cached batch-1 prompt of ``ctx``
-    tokens (measured before, so its prefix is cached): the top kernels by self device time, per rank, with the
-    time per decode step."""
+    tokens (measured before, so its prefix is cached): per rank, the top kernels by self device time and the top
+    host ranges by inclusive CPU time, and the device busy time per decode step against the wall time per token
+    (a step whose device time is well under its wall time waits on the host)."""
     import numpy as np
 
     # the batch-1 prompt of measure(): its prefix is in the cache
@@ -170,10 +174,14 @@ def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -
     t0 = time.perf_counter()
     llm.generate([prompt], params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
-    ranks = llm.apply_model(stop_profile)
-    for rows in ranks:
-        for row in rows:
-            row["self_device_us_per_step"] = round(row["self_device_us"] / steps, 2)
+    ranks = llm.apply_model(stop_profile_summary)
+    for summary in ranks:
+        for rows in (summary.get("by_device", []), summary.get("by_cpu", [])):
+            for row in rows:
+                row["self_device_us_per_step"] = round(row["self_device_us"] / steps, 2)
+                row["cpu_us_per_step"] = round(row["cpu_us"] / steps, 2)
+        if summary:
+            summary["device_busy_ms_per_step"] = round(summary["device_us_total"] / steps / 1e3, 3)
     return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
             "ranks": ranks}
 

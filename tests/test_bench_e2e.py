@@ -200,3 +200,21 @@ def test_worker_profile_lists_what_ran() -> None:
     assert "aten::addmm" in names and names["aten::addmm"]["calls"] == 3
     assert all(set(r) == {"name", "calls", "self_device_us", "device_us", "self_cpu_us", "cpu_us"} for r in rows)
     assert stop_profile(model) == []  # stopped once
+
+
+def test_worker_profile_summary_totals_the_device_and_host_time() -> None:
+    from locks_engine.vllm_backend.probes import start_profile, stop_profile_summary
+
+    assert stop_profile_summary(None) == {}
+    model = torch.nn.Linear(64, 64)
+    start_profile(model)
+    for _ in range(3):
+        model(torch.randn(8, 64))
+    summary = stop_profile_summary(model, top=5)
+    assert set(summary) == {"by_device", "by_cpu", "device_us_total", "cpu_us_total"}
+    assert len(summary["by_cpu"]) <= 5
+    cpu = [r["cpu_us"] for r in summary["by_cpu"]]
+    assert cpu == sorted(cpu, reverse=True) and cpu[0] > 0
+    if not torch.cuda.is_available():
+        assert summary["device_us_total"] == 0.0  # no accelerator: nothing ran on a device
+    assert summary["cpu_us_total"] >= max(r["self_cpu_us"] for r in summary["by_cpu"])

@@ -120,12 +120,21 @@ def stop_profile(model, top: int = 60) -> list[dict]:
     time (self CPU time where no device time was recorded): ``name``, ``calls``, ``self_device_us``,
     ``device_us``, ``self_cpu_us``, ``cpu_us`` (microseconds, totals over the profiled steps). ``[]`` when no
     profiler runs."""
+    summary = stop_profile_summary(model, top)
+    return summary["by_device"] if summary else []
+
+
+def stop_profile_summary(model, top: int = 60) -> dict:
+    """In the worker: stop the profiler of :func:`start_profile`; returns ``{}`` when none runs, else
+    ``by_device`` (the rows of :func:`stop_profile`), ``by_cpu`` (the ``top`` entries by inclusive CPU time:
+    vLLM's ``record_function`` ranges of a step show where the host time goes), ``device_us_total`` (the sum of
+    self device time over every entry: the time some kernel ran, microseconds) and ``cpu_us_total``."""
     global _PROFILER
     import torch
 
     prof, _PROFILER = _PROFILER, None
     if prof is None:
-        return []
+        return {}
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.stop()
@@ -139,5 +148,10 @@ def stop_profile(model, top: int = 60) -> list[dict]:
             "cpu_us": round(float(event.cpu_time_total), 1),
         })
     key = "self_device_us" if any(r["self_device_us"] > 0 for r in rows) else "self_cpu_us"
-    rows.sort(key=lambda r: -r[key])
-    return rows[:top]
+    by_device = sorted(rows, key=lambda r: -r[key])[:top]
+    by_cpu = sorted(rows, key=lambda r: -r["cpu_us"])[:top]
+    return {
+        "by_device": by_device, "by_cpu": by_cpu,
+        "device_us_total": round(sum(r["self_device_us"] for r in rows), 1),
+        "cpu_us_total": round(sum(r["self_cpu_us"] for r in rows), 1),
+    }
