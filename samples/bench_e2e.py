@@ -73,7 +73,7 @@ CHILD_START = time.perf_counter()
 #: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
 HBM_PEAK_BYTES_S = 4.8e12
 #: seconds past ``--time-limit`` in which ``--profile-steps`` may still start (``--timeout`` keeps 120 s spare)
-PROFILE_GRACE_S = 60
+PROFILE_GRACE_S = 100
 
 
 def model_config(shape: str, layers: int | None, max_len: int) -> dict:
