@@ -22,10 +22,12 @@ def run_chat(
     """Open the TUI on ``doc``; options given override the settings file for this run.
 
     Raises:
-        LocksChatError: no terminal, a missing document, a setting LOCKS refuses or an unwritable data
-            directory (before the screen opens).
+        LocksChatError: no terminal, a document or ``--pages`` selection that cannot be read
+            (``check_document``), a setting LOCKS refuses or an unwritable data directory (before the screen
+            opens).
     """
     from locks_chat.engine import writable_engine_log
+    from locks_chat.ingest.load import check_document
     from locks_chat.settings import load_settings
     from locks_chat.tui.app import build_app
     from locks_chat.tui.book_chat import ChatOptions
@@ -40,6 +42,7 @@ def run_chat(
         model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context
     )
     settings.locks_config()
+    check_document(doc, password=password, pages=pages)
     if not terminal_attached():
         raise LocksChatError(
             "the chat app needs a terminal (stdin and stdout); in scripts use: locks-chat ask FILE \"question\""

@@ -89,6 +89,40 @@ def test_chat_errors_are_one_line_before_the_screen_opens(tmp_path, opened, args
     assert "Traceback" not in result.output
 
 
+def test_chat_refuses_documents_it_cannot_read_before_the_screen_opens(tmp_path, opened):
+    """An unsupported, empty, locked or mis-selected document is one line and exit 2: the app never opens and
+    no engine starts (``load_document`` would refuse it inside the app)."""
+    from tests.ingest_samples import encrypted, text_pdf, with_page_labels, write
+
+    pdf = text_pdf(["Page one text.", "Page two text.", "Page three text."])
+    cases = [
+        (write(tmp_path, "photo.png", b"\x89PNG\r\n\x1a\n" + bytes(64)), [], "a PNG image"),
+        (write(tmp_path, "empty.txt", b""), [], "empty.txt"),
+        (write(tmp_path, "locked.pdf", encrypted(pdf, "secret")), [], "encrypted: pass --password"),
+        (write(tmp_path, "locked2.pdf", encrypted(pdf, "secret")), ["--password", "nope"], "wrong password"),
+        (write(tmp_path, "three.pdf", pdf), ["--pages", "5-9"], "--pages '5-9'"),
+        (write(tmp_path, "roman.pdf", with_page_labels(pdf, [(0, 0, "/r", 1), (1, 2, "/D", 1)])), ["--pages", "x"],
+         "valid pages"),
+        (write_book(tmp_path), ["--pages", "400-500"], "--pages '400-500'"),
+    ]
+    for path, extra, message in cases:
+        result = runner.invoke(app, ["chat", str(path), *extra])
+        assert result.exit_code == 2, (path.name, result.output)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (path.name, result.stderr)
+        assert "Traceback" not in result.output
+    assert not opened
+
+
+def test_chat_opens_a_locked_pdf_with_its_password_and_a_valid_selection(tmp_path, opened):
+    from tests.ingest_samples import encrypted, text_pdf, write
+
+    path = write(tmp_path, "locked.pdf", encrypted(text_pdf(["One.", "Two.", "Three."]), "secret"))
+    result = runner.invoke(app, ["chat", str(path), "--password", "secret", "--pages", "2-3"])
+    assert result.exit_code == 0, result.output
+    [chat_app] = opened
+    assert chat_app.chat.options.pages == "2-3" and chat_app.chat.options.password == "secret"
+
+
 @pytest.fixture
 def sessions(tmp_path):
     book = write_book(tmp_path)

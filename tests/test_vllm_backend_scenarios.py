@@ -10,6 +10,7 @@ writer, FlashAttention for bf16 prefill rows, the Triton kernels for summaries a
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,6 +221,32 @@ def test_sparse_reads_fewer_pages_and_only_those(tmp_path, platform: str) -> Non
     again = run.scenario_step()
     assert torch.isfinite(again).all()
     assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("platform", ["cpu_kernel", "torch_fallback"], indirect=True)
+def test_a_budget_near_the_context_reads_every_page_where_that_reads_fewer_bytes(tmp_path, platform: str) -> None:
+    """Summaries of every page plus K pages cost more than every page once ``K >= Pmax * (1 - s/p)``: from that
+    budget on the CPU path reads every page unscored (exact attention, dense bytes); one page less, it ranks."""
+    from locks_engine.ops import summary_bytes
+
+    batch = SCENARIOS["medium_decode"]  # longest row 511 tokens: 16 blocks of 32, Pmax = 32 pages of 16
+    pmax = 32
+    summary, kv = summary_bytes(16, 8, D, LocksConfig().summary_format, torch.float32)
+    pages_all = math.ceil(pmax * (1 - summary / kv))
+    assert 20 < pages_all < pmax
+    records = {}
+    for pages in (pages_all, pages_all - 1):
+        path = tmp_path / f"stats-{pages}.bin"
+        run = Run(batch, LocksConfig(budget=pages * 16), torch.float32, stats_path=path)
+        run.prefill_context()
+        out = run.scenario_step()
+        records[pages] = StatsRing(path).latest()[0]
+        if pages == pages_all:
+            assert_close("near-full budget", run.reference(), out, 1e-5)
+    every, ranked = records[pages_all], records[pages_all - 1]
+    assert every["pages_read"] == every["pages_total"] and every["bytes_read"] == every["bytes_dense"]
+    assert ranked["pages_read"] < ranked["pages_total"]
+    assert list(ranked["row_pages_read"][:4]) == [H * 19, H * (pages_all - 1), H * 9, H * 2]
 
 
 def test_summaries_follow_physical_pages() -> None:

@@ -79,6 +79,18 @@ def read_pdf(
     return build_document(source, "pdf", PageKind.PDF, title or Path(source).stem, raw_pages, len(labels), warnings)
 
 
+def check_pdf(data: bytes, source: str, *, password: str | None = None, pages: str | None = None) -> None:
+    """Open the PDF and resolve ``pages`` against its page labels, without extracting any text.
+
+    Raises:
+        EncryptedError, DocumentError, NoTextError (no pages), PageRangeError: as :func:`read_pdf`.
+    """
+    problems: list[str] = []
+    with _pypdf_log(problems):
+        reader, _, _ = _open_or_salvage(data, source, password)
+        select_pages(pages, _page_labels(reader, source))
+
+
 def _open_or_salvage(data: bytes, source: str, password: str | None):
     """Open the PDF; if that fails, retry on a copy whose lost trailer is replaced.
 

@@ -6,6 +6,8 @@ runs the plain-torch ops of ``locks_engine.ops`` (the CPU path and the reference
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
@@ -17,6 +19,7 @@ from locks_engine.ops import (
     score_pages,
     select_pages,
     sparse_paged_attention,
+    summary_bytes,
     write_page_summaries,
 )
 from locks_engine.ops.paging import selected_blocks
@@ -232,23 +235,47 @@ class LocksAttentionImpl(AttentionImpl):
             return selected, None, None
         num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
         pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
-        scored = 0 if covers_all(cfg, pmax) else int((seq_lens.long() // cfg.page_size).sum())
+        if k_cache.is_cuda:
+            every_page = covers_all(cfg, pmax)
+        else:
+            every_page = reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype))
+        scored = 0 if every_page else int((seq_lens.long() // cfg.page_size).sum())
         return selected, num_pages, scored
 
     def _select_torch(self, q: Tensor, k_cache: Tensor, store, block_table: Tensor, seq_lens: Tensor, cfg):
-        """``select_pages`` of the ops over their ``score_pages`` (zeros for the dense switch), trimmed."""
+        """``select_pages`` of the ops over their ``score_pages``, trimmed; every page, unscored, where that reads
+        fewer bytes (``reads_all``)."""
         pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
-        if covers_all(cfg, pmax):
-            scores = torch.zeros(q.shape[0], self.num_heads, pmax, device=q.device)
-        else:
-            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
+        if reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype)):
+            scores = torch.zeros(q.shape[0], self.num_heads, pmax, device=q.device)  # looked at for its shape only
+            every = dataclasses.replace(cfg, dense=True)
+            return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, every))
+        scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
         return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
+
+    def _summary_fraction(self, cfg, kv_dtype: torch.dtype) -> float:
+        """Bytes of a page's summary over the bytes of its K+V (one KV head; 0.176 for ``colwise8`` at r = 8,
+        D = 128, bf16), computed once per (config, dtype)."""
+        key = (cfg, kv_dtype)
+        if getattr(self, "_fraction_key", None) != key:
+            summary, kv = summary_bytes(cfg.page_size, cfg.rank, self.head_size, cfg.summary_format, kv_dtype)
+            self._fraction_key, self._fraction = key, summary / kv
+        return self._fraction
 
 
 def covers_all(cfg, pmax: int) -> bool:
     """Whether every page of the step is read without ranking: the dense switch, or a budget of at least the
     ``pmax`` pages the block table spans (then no summary is scored: a budget past the context costs dense)."""
     return cfg.dense or cfg.budget_pages >= pmax
+
+
+def reads_all(cfg, pmax: int, summary_fraction: float) -> bool:
+    """``covers_all``, or a budget so close to the ``pmax`` pages that scoring would cost more memory traffic than
+    reading every page: ``pmax * s + K * p >= pmax * p`` (summaries of every page plus ``K`` pages against every
+    page's K+V, ``s / p = summary_fraction``), i.e. ``K >= pmax * (1 - summary_fraction)``. Exact attention then
+    reads fewer bytes than LOCKS would. The CPU path only: on CUDA the grids are sized by ``max_model_len``
+    (CUDA graphs), and this test would need the sequence lengths on the host."""
+    return covers_all(cfg, pmax) or cfg.budget_pages >= pmax * (1.0 - summary_fraction)
 
 
 def _config_flag(key: str) -> bool:
