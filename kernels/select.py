@@ -8,7 +8,14 @@ Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]`
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
    pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages).
 3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
-   output is ascending without a sort.
+   output is ascending without a sort. Where the chunks' candidates are many (few KV heads and short chunks,
+   chosen so that the first pass has enough programs), ``_group_topk_kernel`` first keeps the top ``K`` of
+   each group of :data:`MERGE_GROUP` chunks (one more launch, each group's candidates still in page order):
+   the top ``K`` of a union is the top ``K`` of its parts' top ``K``, ties included, so the output is the same.
+
+The plan (:func:`plan`): chunks of ``C`` pages, a power of two in ``[K, 4096]``, the largest that still leaves
+at least :data:`MIN_PROGRAMS` first-pass programs over KV heads and sequences; a group pass when the merge would
+otherwise search more than :data:`MAX_MERGE_KEYS` candidates.
 """
 
 from __future__ import annotations
@@ -114,12 +121,55 @@ def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_o
     tl.store(p_out + o_k, tl.full([KP], -1, tl.int64), mask=(o_k >= n_taken) & (o_k < K))
 
 
+@triton.jit
+def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUNK, NGROUP, K,
+                       GROUP: tl.constexpr, KP: tl.constexpr):
+    """Top ``K`` candidates of chunks ``[g * GROUP, (g + 1) * GROUP)``, stored as one chunk's candidates."""
+    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    o_n = tl.arange(0, GROUP * KP)
+    head = i_s * tl.num_programs(1) + i_h
+    first = i_g * GROUP * KP
+    valid = first + o_n < NCHUNK * KP
+    keys = tl.load(key_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
+    pages = tl.load(page_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
+    take, slot, n_taken = _take_top(keys, K)
+    base = (head * NGROUP + i_g) * KP
+    tl.store(key_out_ptr + base + slot, keys, mask=take)
+    tl.store(page_out_ptr + base + slot, pages, mask=take)
+    o_k = tl.arange(0, KP)
+    tl.store(key_out_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
+
+
+#: first-pass programs (over chunks, KV heads and sequences) the plan aims for: about one per SM of an H200
+MIN_PROGRAMS = 128
+#: largest candidate count searched by one merge program before a group pass is added
+MAX_MERGE_KEYS = 4096
+#: chunks merged by one program of the group pass
+MERGE_GROUP = 8
+
+
+def plan(pmax: int, kp: int, heads: int, seqs: int, chunk: int | None = None,
+         group: int | None = None) -> tuple[int, int]:
+    """``(chunk, group)`` for scores over ``pmax`` pages, ``kp = next_pow2(K)`` slots, ``heads`` KV heads and
+    ``seqs`` sequences: pages per first-pass program, and chunks per group-pass program (0: no group pass).
+    Given values are kept (``chunk`` raised to ``kp``); tuning only."""
+    if not chunk:
+        pages_per_program = max(pmax * heads * seqs // MIN_PROGRAMS, 1)
+        below = 1 << (pages_per_program.bit_length() - 1)  # the largest power of two <= pages_per_program
+        chunk = min(4096, below, triton.next_power_of_2(pmax))
+    chunk = max(chunk, kp)
+    nchunk = triton.cdiv(pmax, chunk)
+    if group is None:
+        group = MERGE_GROUP if nchunk * kp > MAX_MERGE_KEYS else 0
+    return chunk, (group if group and group < nchunk else 0)
+
+
 def _warps(n: int) -> int:
     """Warps for a search over ``n`` keys: the 8 threshold counts take ``8 n / (32 warps)`` registers a thread."""
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk):
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -134,7 +184,8 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk):
         out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
         return out
     kp = triton.next_power_of_2(slots)
-    chunk = max(chunk, kp) if chunk else max(kp, min(4096, triton.next_power_of_2(pmax)))
+    assert not group or group & (group - 1) == 0, "group must be a power of two"
+    chunk, group = plan(pmax, kp, num_kv_heads, seqs, chunk, group)
     nchunk = triton.cdiv(pmax, chunk)
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
@@ -172,6 +223,15 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk):
         RECENT=cfg.recent_pages,
         num_warps=_warps(chunk),
     )
+    if group:
+        ngroup = triton.cdiv(nchunk, group)
+        group_key = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
+        group_page = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
+        _group_topk_kernel[(ngroup, num_kv_heads, seqs)](
+            cand_key, cand_page, group_key, group_page, nchunk, ngroup, slots,
+            GROUP=group, KP=kp, num_warps=_warps(group * kp),
+        )
+        cand_key, cand_page, nchunk = group_key, group_page, ngroup
     _merge_topk_kernel[(num_kv_heads, seqs)](
         cand_key,
         cand_page,
@@ -194,6 +254,7 @@ def select_pages(
     cfg: LocksConfig,
     out: Tensor | None = None,
     chunk: int | None = None,
+    group: int | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -210,9 +271,11 @@ def select_pages(
         cfg (LocksConfig): budget, page size, sink and recent pages.
         out (Tensor | None): int64 `[S, H, K]` written in place (fixed address for CUDA graphs).
         chunk (int | None): pages per program in the first pass (a power of two >= K; tuning only).
+        group (int | None): chunks per program of the group pass, a power of two (0: none; tuning only);
+            None: :func:`plan` decides.
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk)
+    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group)

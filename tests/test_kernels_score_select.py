@@ -129,6 +129,37 @@ def test_selection_matches_ops_by_mass(case, groups, sink, recent):
             assert torch.isclose(kept, best, rtol=1e-5, atol=1e-7), "top-k by group share"
 
 
+@pytest.mark.parametrize("chunk, group", [(16, 2), (16, 4), (32, 2), (16, 8)])
+def test_group_pass_selects_what_one_merge_selects(chunk, group):
+    """The group pass (top K of each group of chunks, then the merge) gives exactly the single merge's pages,
+    ties included, for groups that do and do not divide the chunk count."""
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)  # K = 10 pages, 16 slots
+    seq_lens = torch.tensor([16 * 150 - 5, 16 * 37, 16 * 9], dtype=torch.int32)
+    scores = _random_scores(3, 8, 150, seq_lens, seed=chunk + group)
+    scores[0, :, 40:60] = 0.5  # ties across chunk and group borders
+    args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
+    one = lk.select_pages(*args, chunk=chunk, group=0).cpu()
+    grouped = lk.select_pages(*args, chunk=chunk, group=group).cpu()
+    assert torch.equal(grouped, one)
+    assert torch.equal(one >= 0, select_pages(scores, seq_lens, 2, cfg) >= 0)
+
+
+@pytest.mark.parametrize(
+    "pmax, heads, seqs, expected",
+    [(65_576, 2, 1, (1024, 8)), (65_576, 8, 1, (4096, 0)), (65_576, 2, 32, (4096, 0)), (8_232, 8, 1, (512, 0)),
+     (8_232, 2, 1, (128, 8)), (70, 2, 2, (128, 0))],
+    ids=["glm-1m", "llama-1m", "glm-1m-b32", "llama-128k", "glm-128k", "tiny"],
+)
+def test_plan_fills_the_gpu_and_bounds_the_merge(pmax, heads, seqs, expected):
+    from locks_kernels.select import MAX_MERGE_KEYS, MIN_PROGRAMS, plan
+
+    assert plan(pmax, 128, heads, seqs) == expected
+    chunk, group = plan(pmax, 128, heads, seqs)
+    nchunk = -(-pmax // chunk)
+    assert nchunk * heads * seqs >= MIN_PROGRAMS or chunk == 128, "enough first-pass programs, or chunks of K"
+    assert (-(-nchunk // group) if group else nchunk) * 128 <= MAX_MERGE_KEYS
+
+
 def test_dense_switch_reads_every_page():
     cfg = LocksConfig(budget=48, dense=True)
     seq_lens = torch.tensor([200, 5], dtype=torch.int32)
