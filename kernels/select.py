@@ -8,14 +8,13 @@ Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]`
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
    pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages).
 3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
-   output is ascending without a sort. Where the chunks' candidates are many (few KV heads and short chunks,
-   chosen so that the first pass has enough programs), ``_group_topk_kernel`` first keeps the top ``K`` of
+   output is ascending without a sort. Where the chunks' candidates are many (long contexts),
+   ``_group_topk_kernel`` first keeps the top ``K`` of
    each group of :data:`MERGE_GROUP` chunks (one more launch, each group's candidates still in page order):
    the top ``K`` of a union is the top ``K`` of its parts' top ``K``, ties included, so the output is the same.
 
-The plan (:func:`plan`): chunks of ``C`` pages, a power of two in ``[K, 4096]``, the largest that still leaves
-at least :data:`MIN_PROGRAMS` first-pass programs over KV heads and sequences; a group pass when the merge would
-otherwise search more than :data:`MAX_MERGE_KEYS` candidates.
+The plan (:func:`plan`): chunks of :data:`CHUNK` pages, and a group pass when the merge would otherwise search
+more than :data:`MAX_MERGE_KEYS` candidates (timed in ``samples/bench_select.py``).
 """
 
 from __future__ import annotations
@@ -140,24 +139,22 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
     tl.store(key_out_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
 
 
-#: first-pass programs (over chunks, KV heads and sequences) the plan aims for: about one per SM of an H200
-MIN_PROGRAMS = 128
-#: largest candidate count searched by one merge program before a group pass is added
-MAX_MERGE_KEYS = 4096
+#: pages per first-pass program (measured best or within 5% of it for one sequence at 128K-1M, 2 and 8 KV heads,
+#: and for 6 sequences at 128K: ``samples/bench_select.py``, ``kernels/NOTES.md``)
+CHUNK = 2048
+#: largest candidate count one merge program searches before a group pass is added (8,320 candidates took 211 us
+#: where the group pass and a 1,152-candidate merge took 43 us)
+MAX_MERGE_KEYS = 2048
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
 
 
-def plan(pmax: int, kp: int, heads: int, seqs: int, chunk: int | None = None,
-         group: int | None = None) -> tuple[int, int]:
-    """``(chunk, group)`` for scores over ``pmax`` pages, ``kp = next_pow2(K)`` slots, ``heads`` KV heads and
-    ``seqs`` sequences: pages per first-pass program, and chunks per group-pass program (0: no group pass).
+def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
+    """``(chunk, group)`` for scores over ``pmax`` pages and ``kp = next_pow2(K)`` slots: pages per first-pass
+    program (:data:`CHUNK`, at most ``next_pow2(pmax)``, at least ``kp``), and chunks per group-pass program
+    (:data:`MERGE_GROUP` when the merge would search more than :data:`MAX_MERGE_KEYS` candidates, else 0).
     Given values are kept (``chunk`` raised to ``kp``); tuning only."""
-    if not chunk:
-        pages_per_program = max(pmax * heads * seqs // MIN_PROGRAMS, 1)
-        below = 1 << (pages_per_program.bit_length() - 1)  # the largest power of two <= pages_per_program
-        chunk = min(4096, below, triton.next_power_of_2(pmax))
-    chunk = max(chunk, kp)
+    chunk = max(chunk or min(CHUNK, triton.next_power_of_2(pmax)), kp)
     nchunk = triton.cdiv(pmax, chunk)
     if group is None:
         group = MERGE_GROUP if nchunk * kp > MAX_MERGE_KEYS else 0
@@ -185,7 +182,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
         return out
     kp = triton.next_power_of_2(slots)
     assert not group or group & (group - 1) == 0, "group must be a power of two"
-    chunk, group = plan(pmax, kp, num_kv_heads, seqs, chunk, group)
+    chunk, group = plan(pmax, kp, chunk, group)
     nchunk = triton.cdiv(pmax, chunk)
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)

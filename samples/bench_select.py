@@ -55,9 +55,10 @@ def main() -> int:
         out = torch.empty(seqs, heads, cfg.budget_pages, dtype=torch.int64, device="cuda")
         old_chunk = max(128, min(4096, 1 << (pmax - 1).bit_length()))
         plans = {"before (chunk 4096, no group)": (old_chunk, 0), "plan": (None, None)}
-        plans["chunk 1024, group 8"] = (1024, 8)
+        for chunk, group in ((512, 8), (1024, 0), (1024, 8), (2048, 0), (2048, 8)):
+            plans[f"chunk {chunk}, group {group}"] = (chunk, group)
         row = {"shape": name, "context": ctx, "kv_heads": heads, "seqs": seqs, "pmax": pmax,
-               "plan": plan(pmax, 128, heads, seqs), "ms": {}}
+               "plan": plan(pmax, 128), "ms": {}}
         reference = None
         for label, (chunk, group) in plans.items():
             picked = lk.select_pages(scores, seq_lens, heads, cfg, chunk=chunk, group=group).clone()
