@@ -336,6 +336,27 @@ async def test_budget_panel_counts_the_partial_last_page(seq_len, pages_read, sa
         assert said in str(panel.render())
 
 
+@pytest.mark.parametrize(("pages_read", "every_page"), [(73 * 6, True), (64 * 6, False)])
+async def test_budget_panel_says_when_every_page_is_read_past_the_budget(pages_read, every_page):
+    """A budget of 64 KV pages near a 73-page context: the backend reads every page (fewer bytes than
+    summaries plus 64 pages), and the panel says why more pages than the budget were read."""
+    from textual.app import App
+
+    from locks_chat.reading import StepReading
+    from locks_chat.tui.widgets.budget_panel import BudgetPanel
+
+    class One(App):
+        def compose(self):
+            yield BudgetPanel()
+
+    async with One().run_test() as pilot:
+        panel = pilot.app.query_one(BudgetPanel)
+        panel.settings = Settings(budget=1024)
+        panel.show_step(StepReading(1167, pages_read, 73 * 6, ()))
+        await pilot.pause()
+        assert ("every page read: fewer bytes" in str(panel.render())) == every_page
+
+
 async def test_the_panels_give_way_to_the_conversation_on_narrow_terminals(book):
     from locks_chat.tui.widgets.reading_panels import ReadingPanels
 

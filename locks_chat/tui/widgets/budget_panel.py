@@ -61,6 +61,9 @@ class BudgetPanel(Static):
                 f"read [b]{tokens:,.0f}[/] of {r.seq_len:,} tokens per head "
                 f"({per_head:,.0f} of {kv_pages:,} KV pages, {r.pages_read / max(1, r.pages_total):.0%})"
             )
+            if not s.dense and per_head > s.budget // PAGE_SIZE:
+                # the backend reads every page where summaries of every page plus the budget would cost more
+                lines.append("every page read: fewer bytes than the summaries plus the budget")
             lines.append(f"document pages read: [b]{len(r.doc_pages)}[/] of {self.doc_pages_total}")
             lines.append(f"this answer: {self._read / max(1, self._total):.0%} of KV pages read")
         if self.max_context:
