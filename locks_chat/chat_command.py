@@ -51,6 +51,8 @@ def run_chat(
     with engine_output_to(writable_engine_log()):
         app = build_app(doc, options, warnings=tuple(warnings))
         app.run()
+    if app.fatal_error:
+        raise DocumentError(app.fatal_error)
     if app.return_code == TERMINATED_EXIT_CODE:
         raise TerminatedError("terminated: the conversation is saved")
     if app.return_code:

@@ -218,6 +218,16 @@ class SessionStore:
         with self._db() as db:
             return db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
+    def delete_if_empty(self, session_id: int) -> bool:
+        """Delete a session that has no turns (a book opened and closed without a question); True if deleted."""
+        if not is_sqlite_int(session_id):
+            return False
+        with self._db() as db:
+            return db.execute(
+                "DELETE FROM sessions WHERE id = ? AND NOT EXISTS (SELECT 1 FROM turns WHERE session_id = ?)",
+                (session_id, session_id),
+            ).rowcount > 0
+
     def turns(self, session_id: int) -> list[Turn]:
         """The session's turns in order; a turn left ``answering`` reads as ``interrupted``."""
         if not is_sqlite_int(session_id):

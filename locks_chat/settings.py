@@ -98,7 +98,29 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
             warnings.append(f"{path}: {key} = {value!r} has the wrong type; using the default")
         else:
             values[key] = value
-    return Settings(**values), warnings
+    return _valid_locks_values(path, values, warnings), warnings
+
+
+def _valid_locks_values(path: Path, values: dict[str, Any], warnings: list[str]) -> Settings:
+    """``Settings(**values)`` without the LOCKS values that ``LocksConfig`` refuses (rank past the page size, a
+    budget under the always-read pages), each dropped with a warning naming the file; appends to ``warnings``."""
+    settings = Settings(**values)
+    try:
+        settings.locks_config()
+        return settings
+    except LocksChatError as err:
+        reason = err.message
+    locks_keys = [k for k in ("budget", "rank", "dense") if k in values]
+    for key in locks_keys:  # the one value whose default makes the rest valid
+        rest = {k: v for k, v in values.items() if k != key}
+        try:
+            Settings(**rest).locks_config()
+        except LocksChatError:
+            continue
+        warnings.append(f"{path}: {key} = {values[key]!r} refused ({reason}); using the default")
+        return Settings(**rest)
+    warnings.append(f"{path}: {', '.join(locks_keys)} refused ({reason}); using the defaults")
+    return Settings(**{k: v for k, v in values.items() if k not in locks_keys})
 
 
 def _type_ok(key: str, value: Any) -> bool:

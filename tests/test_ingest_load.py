@@ -180,6 +180,33 @@ def test_time_limit(in_thread):
     assert outcome == {"fast": "done", "slow": "stopped", "error": "propagated"}
 
 
+def test_a_swallowed_time_limit_is_raised_again():
+    """A library that catches every exception (or a finalizer the alarm lands in) swallows the first raise: the
+    alarm repeats until the call stops, and no alarm outlives the call."""
+    import signal
+
+    swallowed = []
+
+    def stubborn() -> str:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            try:
+                spin(0.01)
+            except TimeLimitExceeded:
+                if not swallowed:
+                    swallowed.append(time.monotonic())  # swallowed once, as a broad ``except`` would
+                else:
+                    raise
+        return "ran to the end"
+
+    start = time.monotonic()
+    with pytest.raises(TimeLimitExceeded):
+        call_with_time_limit(stubborn, 0.1)
+    assert swallowed and time.monotonic() - start < 1.5
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert call_with_time_limit(lambda: spin(0.3), 1.0) == "done"  # the next call is not hit by a stray alarm
+
+
 def test_rich_progress_draws_only_on_a_terminal_and_for_long_documents():
     from rich.console import Console
 

@@ -118,3 +118,14 @@ def test_plain_numbering_reads_numbers_as_pages():
     assert select_pages("#108", plain) == [107]
     with pytest.raises(PageRangeError, match="'114' is out of range"):
         select_pages("114", plain)
+
+
+@pytest.mark.parametrize("spec", ["²", "¹-3", "2-³"])
+def test_superscript_digits_are_no_page_numbers(spec):
+    """``str.isdigit`` takes superscripts, which ``int`` refuses: they are malformed, not a crash."""
+    with pytest.raises(PageRangeError, match="valid pages"):
+        select_pages(spec, [str(i) for i in range(1, 11)])
+
+
+def test_other_scripts_decimal_digits_are_numbers():
+    assert select_pages("٣", [str(i) for i in range(1, 11)]) == [2]

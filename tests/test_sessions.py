@@ -209,6 +209,21 @@ def test_a_bad_settings_file_gives_defaults_and_a_warning(text, warning):
     assert settings == Settings() and len(warnings) == 1 and warning in warnings[0]
 
 
+@pytest.mark.parametrize(
+    "text, kept, warning",
+    [("rank = 99\nbudget = 512\n", {"budget": 512, "rank": 8}, "rank = 99 refused"),
+     ("budget = 16\nrank = 4\n", {"budget": 2048, "rank": 4}, "budget = 16 refused")],
+    ids=["rank-past-page", "budget-under-forced-pages"],
+)
+def test_a_locks_value_the_engine_refuses_falls_back_to_its_default_naming_the_file(text, kept, warning):
+    settings_path().parent.mkdir(parents=True)
+    settings_path().write_text(text)
+    settings, warnings = load_settings()
+    assert {k: getattr(settings, k) for k in kept} == kept
+    assert len(warnings) == 1 and warnings[0].startswith(str(settings_path())) and warning in warnings[0]
+    settings.locks_config()  # what is left is valid
+
+
 def test_settings_locks_refuses_are_user_errors():
     from locks_chat.errors import LocksChatError
 

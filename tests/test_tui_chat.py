@@ -373,3 +373,58 @@ async def test_the_panels_give_way_to_the_conversation_on_narrow_terminals(book)
             assert panels.display and panels.size.width == panel_width, width
             assert column.size.width == width - panel_width
         assert answer_text(app) == "It is BLUE (p. 2)."
+
+
+async def test_a_document_without_text_quits_the_app_with_its_error(tmp_path):
+    """The whole document unreadable once the app is up (a PDF without a text layer: only extraction tells): no
+    ``/pages`` can help, so the app quits with the error (the command prints it, exit 2) and keeps no session."""
+    from tests.ingest_samples import text_pdf, write
+
+    scanned = write(tmp_path, "scan.pdf", text_pdf([None, None], image_pages=[0, 1]))
+    app = build_app(scanned, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.return_code is not None, what="the app to quit")
+    assert app.return_code == 2 and "no text" in app.fatal_error
+    assert SessionStore().list_sessions() == []
+
+
+async def test_a_selection_without_text_keeps_the_app_open_for_pages(tmp_path):
+    from tests.ingest_samples import text_pdf, write
+
+    pdf = write(tmp_path, "half.pdf", text_pdf(["Page one has text.", None], image_pages=[1]))
+    app = build_app(pdf, ChatOptions(pages="2"), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: not chat_screen(app).doc_loading.is_set(), what="the load")
+        await pilot.pause()
+        assert app.return_code is None and app.fatal_error is None
+        assert any("no text" in n for n in notices(app))
+
+
+async def test_a_book_opened_and_closed_without_a_question_leaves_no_session(book):
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(app), what="the app to be ready")
+        assert len(SessionStore().list_sessions()) == 1
+    assert SessionStore().list_sessions() == []
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "What is the password?")
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+    [kept] = SessionStore().list_sessions()
+    assert kept.turns == 1
+
+
+@pytest.mark.parametrize("command", ["/budget ²", "/rank ¹", "/pages ²"])
+async def test_superscript_digits_in_commands_are_refused_with_the_usual_message(book, command):
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(app), what="the app to be ready")
+        prompt = app.screen.query_one(PromptInput)
+        prompt.value = command
+        await pilot.press("enter")
+        await until(pilot, lambda: not chat_screen(app).doc_loading.is_set(), what="the command")
+        await pilot.pause()
+        assert app.return_code is None
+        said = " ".join(notices(app))
+        assert ("needs a positive whole number" in said) if command != "/pages ²" else ("valid pages" in said)
+        assert "ValueError" not in said

@@ -144,7 +144,7 @@ def _ordered(span: tuple[int, int], part: str, spec: str, labels: Sequence[str])
 
 
 def _is_number(token: str) -> bool:
-    return token == "" or token.isdigit()
+    return token == "" or token.isdecimal()  # isdigit() also takes "²", which int() refuses
 
 
 def _has_printed_labels(labels: Sequence[str]) -> bool:

@@ -2,7 +2,9 @@
 
 In the main thread of a POSIX process the call runs in place under ``SIGALRM``
 (``signal.setitimer``): the handler raises :class:`TimeLimitExceeded` inside the call,
-which unwinds cleanly. Elsewhere (a Textual worker thread, Windows, or when another
+which unwinds cleanly; past the limit the alarm repeats every :data:`REPEAT_S` seconds, so a
+raise that something swallowed (a broad ``except`` in the PDF library, a finalizer the garbage
+collector ran at that moment) is raised again. Elsewhere (a Textual worker thread, Windows, or when another
 ``ITIMER_REAL`` timer is already running) the call runs in a daemon thread that is
 abandoned when the limit passes: it may go on computing in the background, so the
 caller must not share mutable state with it afterwards (the PDF reader opens a fresh
@@ -44,22 +46,34 @@ def _can_use_alarm() -> bool:
     return signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+#: seconds between repeated alarms once the limit has passed (module docstring)
+REPEAT_S = 0.05
+
+
 def _call_with_alarm(fn: Callable[[], T], seconds: float) -> T:
-    finished = False
+    state = {"finished": False, "stopping": False}
 
     def on_alarm(signum, frame):
-        if not finished:
+        if not (state["finished"] or state["stopping"]):
             raise TimeLimitExceeded(f"over {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     try:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        # the alarm repeats: a raise that lands where it is swallowed (a library's broad ``except``, a weakref
+        # callback or ``__del__`` run by the garbage collector) is followed by another
+        signal.setitimer(signal.ITIMER_REAL, seconds, REPEAT_S)
         value = fn()
-        finished = True
+        state["finished"] = True
         return value
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        while True:  # an alarm may land here too: disarm until it took
+            try:
+                state["stopping"] = True
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                break
+            except TimeLimitExceeded:
+                continue
 
 
 def _call_in_thread(fn: Callable[[], T], seconds: float) -> T:

@@ -25,6 +25,8 @@ class LocksChatApp(App):
         self.chat = chat
         self.warnings = warnings
         self._previous_sigterm = None
+        self.fatal_error: str | None = None
+        """set when the document cannot be read at all: the app quits, and the command prints this line"""
 
     def on_mount(self) -> None:
         self._watch_sigterm()

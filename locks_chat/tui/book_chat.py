@@ -18,7 +18,7 @@ from typing import Any
 
 from locks_chat.errors import Cancelled, ContextError, EngineError
 from locks_chat.ingest import Document, ProgressCallback, load_document
-from locks_chat.sessions import SessionInfo, SessionStore, Turn, file_hash
+from locks_chat.sessions import SessionInfo, SessionStore, SessionStoreError, Turn, file_hash
 from locks_chat.settings import Settings, load_settings, save_settings
 from locks_chat.transcript import export_transcript
 from locks_chat.tui.meter import EngineTick, MeteredEngine
@@ -256,7 +256,8 @@ class BookChat:
         return export_transcript(self.store.get(self.session.id), self.store.turns(self.session.id))
 
     def close(self, wait_s: float = 30.0) -> None:
-        """Shut the engine down (called when the app exits); an engine still starting closes when it is up.
+        """Shut the engine down (called when the app exits); an engine still starting closes when it is up. A
+        session without turns is deleted.
 
         An answer in flight (its cancel event already set) gets ``wait_s`` seconds to stop and be saved first:
         the engine checks cancellation between steps, and a prefill chunk can take several seconds.
@@ -265,5 +266,11 @@ class BookChat:
         if self._answering.acquire(timeout=wait_s):
             self._answering.release()
         engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.close()
+        try:
+            if self.session is not None:
+                self.store.delete_if_empty(self.session.id)  # no question asked: nothing to list or resume
+        except SessionStoreError:
+            pass  # the store said so when it was opened; closing goes on
+        finally:
+            if engine is not None:
+                engine.close()

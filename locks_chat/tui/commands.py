@@ -56,7 +56,7 @@ def parse_command(text: str) -> Command:
     name, arg = name.lower(), arg.strip()
     if name in ("budget", "rank"):
         unit = "tokens, e.g. /budget 512" if name == "budget" else "e.g. /rank 4"
-        if not arg.isdigit() or int(arg) < 1:
+        if not arg.isdecimal() or int(arg) < 1:  # isdigit() also takes "²", which int() refuses
             raise CommandError(f"/{name} needs a positive whole number ({unit})")
         return Command(name, int(arg))
     if name == "dense":

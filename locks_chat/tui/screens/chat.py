@@ -25,7 +25,14 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from locks_chat.errors import Cancelled, ContextError, LocksChatError, PageRangeError, exception_reason
+from locks_chat.errors import (
+    Cancelled,
+    ContextError,
+    DocumentError,
+    LocksChatError,
+    PageRangeError,
+    exception_reason,
+)
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
@@ -91,6 +98,8 @@ class ChatScreen(Screen):
         phase: str
         """``load`` or ``engine``"""
         message: str
+        fatal: bool = False
+        """the whole document cannot be read (no text layer, say): no ``/pages`` can help, so the app quits"""
 
     class Drain(Message):
         """The answer's mailbox has text, step readings or ticks waiting."""
@@ -181,7 +190,9 @@ class ChatScreen(Screen):
         except Abandoned:
             return
         except Exception as err:  # noqa: BLE001 - shown to the user, the app goes on
-            message = self.Failed("load", _message(err))
+            # the whole document unreadable when the app opens: nothing to chat about (a selection can be fixed)
+            fatal = first and pages is None and isinstance(err, DocumentError)
+            message = self.Failed("load", _message(err), fatal=fatal)
         self.doc_loading.clear()
         self.post_message(message)
 
@@ -311,6 +322,10 @@ class ChatScreen(Screen):
         self._ready_or_waiting()
 
     def on_chat_screen_failed(self, message: Failed) -> None:
+        if message.fatal:
+            self.app.fatal_error = message.message
+            self.app.exit(return_code=DocumentError.exit_code)
+            return
         self.panels.progress.end(message.phase)
         self.notify(message.message, severity="error", timeout=15)
         self._ready_or_waiting()
