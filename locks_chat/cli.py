@@ -98,7 +98,7 @@ def main_callback(
 @one_line_errors
 def ask(
     doc: opt.Doc,
-    question: str = typer.Argument(help="The question.", show_default=False),
+    question: str = typer.Argument(help="The question.", show_default=False, metavar="QUESTION"),
     pages: opt.Pages = None,
     password: opt.Password = None,
     model: opt.Model = None,
@@ -124,7 +124,7 @@ def chat(
     model: opt.Model = None,
     budget: opt.Budget = None,
     rank: opt.Rank = None,
-    dense: opt.Dense = None,
+    dense: opt.DenseSwitch = None,
     max_tokens: opt.MaxTokens = None,
     context: opt.ContextLength = None,
     new: opt.NewSession = False,

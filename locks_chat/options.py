@@ -7,7 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-Doc = Annotated[Path, typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False)]
+from locks_engine.config import LocksConfig
+
+_DEFAULTS = LocksConfig()
+#: the smallest budget LOCKS takes: the pages every step reads (sink, recent and the last page), in tokens
+MIN_BUDGET = (_DEFAULTS.sink_pages + _DEFAULTS.recent_pages + 1) * _DEFAULTS.page_size
+
+Doc = Annotated[
+    Path,
+    typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False, metavar="DOC"),
+]
 Pages = Annotated[
     Optional[str],
     typer.Option(
@@ -25,12 +34,27 @@ Model = Annotated[
         show_default=False,
     ),
 ]
-Budget = Annotated[int, typer.Option("--budget", help="LOCKS token budget per decode step and KV head.", min=1)]
+Budget = Annotated[
+    int,
+    typer.Option(
+        "--budget",
+        help=f"LOCKS token budget per decode step and KV head (at least {MIN_BUDGET}: the pages every step reads).",
+        min=MIN_BUDGET,
+    ),
+]
 Rank = Annotated[
     int,
     typer.Option("--rank", help="Rank r of each KV page's key summary (at most the page's 16 tokens).", min=1, max=16),
 ]
 Dense = Annotated[bool, typer.Option("--dense", help="Read every KV page (dense attention), for A/B runs.")]
+DenseSwitch = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--dense/--no-dense",
+        help="Read every KV page (dense attention), for A/B runs; --no-dense: LOCKS whatever the settings file says.",
+        show_default=False,
+    ),
+]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens in the answer.", min=1)]
 ContextLength = Annotated[
     Optional[int],

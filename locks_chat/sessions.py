@@ -219,12 +219,14 @@ class SessionStore:
             return db.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
     def delete_if_empty(self, session_id: int) -> bool:
-        """Delete a session that has no turns (a book opened and closed without a question); True if deleted."""
+        """Delete a session with nothing to resume: no turns and no page range chosen (a book opened and closed
+        without a question, or one that could not be read); True if deleted."""
         if not is_sqlite_int(session_id):
             return False
         with self._db() as db:
             return db.execute(
-                "DELETE FROM sessions WHERE id = ? AND NOT EXISTS (SELECT 1 FROM turns WHERE session_id = ?)",
+                "DELETE FROM sessions WHERE id = ? AND pages IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM turns WHERE session_id = ?)",
                 (session_id, session_id),
             ).rowcount > 0
 

@@ -64,6 +64,14 @@ def test_options_before_the_document_open_the_chat(tmp_path, monkeypatch, opened
     assert (chat_app.chat.options.settings.budget, chat_app.chat.options.settings.rank) == (512, 4)
 
 
+def test_no_dense_overrides_a_saved_dense_setting(tmp_path, opened):
+    save_settings(Settings(dense=True))
+    book = write_book(tmp_path)
+    assert runner.invoke(app, ["chat", str(book), "--no-dense"]).exit_code == 0
+    assert runner.invoke(app, ["chat", str(book)]).exit_code == 0
+    assert [a.chat.options.settings.dense for a in opened] == [False, True]
+
+
 def test_dash_h_is_help(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["locks-chat", "ask", "-h"])
     with pytest.raises(SystemExit) as exit_info:

@@ -133,7 +133,9 @@ async def test_resume_a_books_conversation(book):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: ready(app))
         assert not app.screen.query(TurnView)
-    assert len(SessionStore().list_sessions()) == 2
+        assert len(SessionStore().list_sessions()) == 2
+    # a new conversation left without a question (and no page range to remember) is not kept
+    assert [s.turns for s in SessionStore().list_sessions()] == [2]
 
 
 async def test_a_turn_cut_off_by_a_crash_is_kept_as_interrupted(book):

@@ -257,7 +257,7 @@ class BookChat:
 
     def close(self, wait_s: float = 30.0) -> None:
         """Shut the engine down (called when the app exits); an engine still starting closes when it is up. A
-        session without turns is deleted.
+        session with nothing to resume (no turns, no page range) is deleted.
 
         An answer in flight (its cancel event already set) gets ``wait_s`` seconds to stop and be saved first:
         the engine checks cancellation between steps, and a prefill chunk can take several seconds.

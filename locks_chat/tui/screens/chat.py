@@ -56,6 +56,9 @@ from locks_chat.tui.widgets.turn_view import TurnView
 PANELS_WIDTH, PANELS_MIN_WIDTH = 52, 30
 #: Columns the conversation gets first (up to 120 columns the panels shrink), and the fewest it is left with.
 CHAT_WIDTH, CHAT_MIN_WIDTH = 68, 40
+#: The prompt's placeholder, and what it says while an answer streams (the prompt takes no keys then).
+PROMPT_PLACEHOLDER = "Ask about the book, or /help"
+ANSWERING_PLACEHOLDER = "Answering (Esc stops it); type your next question or command when it is done"
 
 
 class ChatScreen(Screen):
@@ -128,7 +131,7 @@ class ChatScreen(Screen):
         with Horizontal():
             with Vertical(id="chat-column"):
                 yield Conversation(id="conversation")
-                yield PromptInput(id="prompt", placeholder="Ask about the book, or /help")
+                yield PromptInput(id="prompt", placeholder=PROMPT_PLACEHOLDER)
             yield ReadingPanels(id="panels")
         yield Footer()
 
@@ -271,7 +274,8 @@ class ChatScreen(Screen):
         self.cancel = threading.Event()
         self.mailbox = Mailbox()
         self.turns_before = len(self.chat.turns)
-        self.query_one(PromptInput).disabled = True
+        prompt = self.query_one(PromptInput)
+        prompt.disabled, prompt.placeholder = True, ANSWERING_PLACEHOLDER
         self.turn = await self.query_one(Conversation).add_turn(question)
         self.panels.new_answer()
         if self.doc_loading.is_set() or self.engine_starting.is_set():
@@ -371,7 +375,7 @@ class ChatScreen(Screen):
         self.cancel, self.turn = None, None
         self.panels.progress.end("answer")
         prompt = self.query_one(PromptInput)
-        prompt.disabled = False
+        prompt.disabled, prompt.placeholder = False, PROMPT_PLACEHOLDER
         prompt.focus()
         if message.status == "failed":
             self.notify(message.error, severity="error", timeout=15)
