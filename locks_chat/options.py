@@ -17,12 +17,20 @@ Doc = Annotated[
     Path,
     typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False, metavar="DOC"),
 ]
+def _pages_given(value: Optional[str]) -> Optional[str]:
+    """A blank ``--pages`` (an unset shell variable, say) is refused rather than read as every page."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("empty: give a range such as 40-80, or leave --pages out to read every page")
+    return value
+
+
 Pages = Annotated[
     Optional[str],
     typer.Option(
         "--pages",
         help="Page range to read: 40-80, iv-x, 12 (printed labels where the PDF has them; #3-9: physical pages).",
         show_default=False,
+        callback=_pages_given,
     ),
 ]
 Password = Annotated[Optional[str], typer.Option("--password", help="Password of an encrypted PDF.", show_default=False)]

@@ -84,3 +84,21 @@ def test_epub_that_unpacks_past_the_cap_is_refused(tmp_path, monkeypatch):
     assert str(info.value) == (
         f"{path}: unpacks to more than 256 KiB: not an EPUB locks-chat reads (a zip bomb?); pass another file"
     )
+
+
+def test_a_damaged_package_is_one_line_without_the_librarys_internals(tmp_path):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("mimetype", "application/epub+zip")
+        archive.writestr(
+            "META-INF/container.xml",
+            '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+            '<rootfiles><rootfile full-path="content.opf" media-type="application/oebps-package+xml"/></rootfiles>'
+            "</container>",
+        )
+        archive.writestr("content.opf", '<?xml version="1.0"?><foo/>')
+    path = write(tmp_path, "damaged.epub", buffer.getvalue())
+    with pytest.raises(DocumentError) as caught:
+        load_document(path)
+    assert "not a readable EPUB (its package or table of contents is damaged)" in caught.value.message
+    assert "NoneType" not in caught.value.message

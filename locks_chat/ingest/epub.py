@@ -49,7 +49,9 @@ def read_epub(data: bytes, source: str, *, pages: str | None = None) -> Document
             py_warnings.simplefilter("ignore")
             book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
     except Exception as exc:
-        raise DocumentError(f"{source}: not a readable EPUB ({exception_reason(exc)}); pass another file") from exc
+        # the library's own errors say what is wrong; anything else is its code tripping over a damaged file
+        reason = exception_reason(exc) if type(exc).__module__.startswith("ebooklib") else _damaged(exc)
+        raise DocumentError(f"{source}: not a readable EPUB ({reason}); pass another file") from exc
     warnings: list[str] = []
     texts = [text for text in (_item_text(book, idref, source, warnings) for idref, _ in book.spine) if text]
     if not texts:
@@ -106,3 +108,12 @@ def _refuse_drm(data: bytes, source: str) -> None:
     algorithms = set(re.findall(r'EncryptionMethod[^>]*Algorithm="([^"]+)"', manifest))
     if algorithms - set(_FONT_OBFUSCATION):
         raise EncryptedError(f"{source}: DRM-protected EPUB, its text cannot be read; pass a DRM-free copy")
+
+
+def _damaged(exc: BaseException) -> str:
+    """A reason for a library failure that is no message of its own (``'NoneType' object has no attribute``)."""
+    if isinstance(exc, (KeyError, FileNotFoundError)):
+        return f"a file it lists is missing: {exception_reason(exc, 60)}"
+    if isinstance(exc, (AttributeError, TypeError, ValueError, IndexError)):
+        return "its package or table of contents is damaged"
+    return exception_reason(exc)
