@@ -33,12 +33,17 @@ Pages = Annotated[
         callback=_pages_given,
     ),
 ]
-Password = Annotated[Optional[str], typer.Option("--password", help="Password of an encrypted PDF.", show_default=False)]
+Password = Annotated[
+    Optional[str], typer.Option("--password", help="Password of an encrypted PDF.", show_default=False)
+]
 Model = Annotated[
     Optional[str],
     typer.Option(
         "--model",
-        help="Model: a local Hugging Face directory or a hub id; default: the built-in SmolLM2-135M-Instruct (offline).",
+        help=(
+            "Model: a local Hugging Face directory or a hub id; default: the built-in SmolLM2-135M-Instruct "
+            "(offline)."
+        ),
         show_default=False,
     ),
 ]
