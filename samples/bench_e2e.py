@@ -13,7 +13,11 @@ other, and serves every context of the run:
 - sparsity: LOCKS keeps device-side totals of the pages its last layer read (``DeviceCounters``, counted inside
   the CUDA graphs); eager decode calls of the attention backend are counted too, so a silent fallback from
   CUDA graphs to eager shows (expected: 0 after capture);
-- the backend's metadata build time per step (host), and the GPU memory of LOCKS' page summaries.
+- the backend's metadata build time per step (host), and the GPU memory of LOCKS' page summaries;
+- ``--profile-steps N``: torch's profiler over N decode tokens (kernels inside the CUDA graph, device busy time per
+  step against the wall time); ``--py-spy-steps N``: py-spy over N decode tokens, this process and vLLM's engine
+  processes, host time per step by process and Python function (py-spy found through ``$PY_SPY``, ``PATH`` or the
+  ``bin`` folder of a ``pip install --target`` directory on ``sys.path``; carry its wheel to the GPU machine).
 
 Shapes: ``llama3.1-8b`` (32 layers, 32 query / 8 KV heads, D 128, hidden 4096) and ``glm4-9b-1m`` (GLM-4-9B-1M-like:
 hidden 4096, 32 query / 2 KV heads, D 128, 40 layers at full depth; Llama architecture). ``--layers`` runs shallow
@@ -155,6 +159,9 @@ def run_engine(args: argparse.Namespace) -> dict:
     if args.profile_steps and time.perf_counter() < deadline + PROFILE_GRACE_S:
         result["profile"] = profile_decode(llm, SamplingParams, max(contexts), args.profile_steps, args, cfg)
         save_result(args, result)
+    if args.py_spy_steps and time.perf_counter() < deadline + PROFILE_GRACE_S:
+        result["host_profile"] = py_spy_decode(llm, SamplingParams, max(contexts), args.py_spy_steps, args, cfg)
+        save_result(args, result)
     return result
 
 
@@ -184,6 +191,90 @@ def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -
             summary["device_busy_ms_per_step"] = round(summary["device_us_total"] / steps / 1e3, 3)
     return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
             "ranks": ranks}
+
+
+def find_py_spy() -> str | None:
+    """The ``py-spy`` executable: ``$PY_SPY``, on ``PATH``, beside this Python, or in the ``bin`` folder of a
+    ``pip install --target`` directory on ``sys.path`` (how wheels are carried to the GPU machine)."""
+    import shutil
+
+    candidates = [os.environ.get("PY_SPY"), shutil.which("py-spy"), str(Path(sys.executable).parent / "py-spy")]
+    candidates += [str(Path(p) / "bin" / "py-spy") for p in sys.path if p]
+    return next((c for c in candidates if c and os.access(c, os.X_OK) and Path(c).is_file()), None)
+
+
+def py_spy_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict, rate: int = 250) -> dict:
+    """Sample this process and its children (vLLM's engine core) with py-spy while ``steps`` tokens are decoded on
+    the cached batch-1 prompt of ``ctx`` tokens: where the host's time per decode step goes, by process and Python
+    function (``summarize_py_spy``). The raw samples are kept in ``--out``. ``{"skipped": why}`` without py-spy."""
+    import numpy as np
+
+    exe = find_py_spy()
+    if exe is None:
+        return {"skipped": "py-spy not found (PY_SPY, PATH, or a --target install's bin on sys.path)"}
+    prompt = {"prompt_token_ids": np.random.default_rng([args.seed, ctx, 0]).integers(
+        3, cfg["vocab_size"], ctx).tolist()}
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
+    raw = Path(args.out) / f"pyspy-{engine_name(args.shape, args.layers, args.backend, args.tp)}.txt"
+    cmd = [exe, "record", "--pid", str(os.getpid()), "--subprocesses", "--rate", str(rate), "--format", "raw",
+           "--output", str(raw), "--nonblocking"]
+    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # attach to every process first
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    llm.generate([prompt], params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    import signal
+
+    spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
+    try:
+        _, err = spy.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        _, err = spy.communicate()
+    if not raw.exists():
+        return {"skipped": f"py-spy wrote nothing: {' '.join(err.split())[:300]}"}
+    # the samples also cover the 2 s attach wait and the request's prefill: per step figures are upper bounds
+    summary = summarize_py_spy(raw.read_text(), rate, steps)
+    return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
+            "rate_hz": rate, "raw": raw.name, **summary}
+
+
+def summarize_py_spy(raw: str, rate: int, steps: int, top: int = 25) -> dict:
+    """py-spy ``--format raw`` lines (``process P:"cmd";...;frame;...;frame N``) to, per process (the innermost
+    ``process`` entry), its busy samples as ms per decode step, the ``top`` functions by self time and by
+    inclusive time (each function counted once per sample; frames in 98% or more of the process's samples, its
+    entry points, left out). ``ms = samples / rate / steps * 1e3``."""
+    per_process: dict[str, dict] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdecimal():
+            continue
+        frames = stack.split(";")
+        procs = [i for i, f in enumerate(frames) if f.startswith("process ")]
+        name = frames[procs[-1]] if procs else "?"
+        code = [f for f in frames[(procs[-1] + 1) if procs else 0:] if f]
+        entry = per_process.setdefault(name, {"samples": 0, "self": {}, "inclusive": {}})
+        entry["samples"] += int(count)
+        if code:
+            entry["self"][code[-1]] = entry["self"].get(code[-1], 0) + int(count)
+        for frame in set(code):
+            entry["inclusive"][frame] = entry["inclusive"].get(frame, 0) + int(count)
+    to_ms = 1e3 / rate / max(steps, 1)
+
+    def ranked(counts: dict[str, int]) -> list[list]:
+        return [[name, round(n * to_ms, 3)] for name, n in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+
+    def below_root(e: dict) -> dict[str, int]:
+        # frames in (nearly) every sample are the process's entry points: they rank first and say nothing
+        return {f: n for f, n in e["inclusive"].items() if n < 0.98 * e["samples"]}
+
+    processes = [
+        {"process": name[:160], "busy_ms_per_step": round(e["samples"] * to_ms, 3),
+         "self_ms_per_step": ranked(e["self"]), "inclusive_ms_per_step": ranked(below_root(e))}
+        for name, e in sorted(per_process.items(), key=lambda kv: -kv[1]["samples"])
+    ]
+    return {"processes": processes}
 
 
 def merge_probes(per_rank: list[dict]) -> dict:
@@ -289,6 +380,8 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="after the cells, profile this many decode tokens at the largest context (0: off)")
+    parser.add_argument("--py-spy-steps", type=int, default=0,
+                        help="after the cells, sample the host with py-spy over this many decode tokens (0: off)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed")
     parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
     parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
@@ -373,6 +466,7 @@ def child_args(args: argparse.Namespace) -> list[str]:
             "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
             "--summary-format", args.summary_format,
             "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
+            "--py-spy-steps", str(args.py_spy_steps),
             *(["--eager"] if args.eager else [])]
 
 

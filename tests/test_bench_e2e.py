@@ -218,3 +218,34 @@ def test_worker_profile_summary_totals_the_device_and_host_time() -> None:
     if not torch.cuda.is_available():
         assert summary["device_us_total"] == 0.0  # no accelerator: nothing ran on a device
     assert summary["cpu_us_total"] >= max(r["self_cpu_us"] for r in summary["by_cpu"])
+
+
+def test_py_spy_samples_become_ms_per_step_by_process_and_function(bench):
+    raw = "\n".join([
+        'process 1:"python bench";process 2:"VLLM::EngineCore";main (core.py:1);step (core.py:5);schedule (s.py:9) 30',
+        'process 1:"python bench";process 2:"VLLM::EngineCore";main (core.py:1);step (core.py:5) 10',
+        'process 1:"python bench";main (bench.py:3);wait (t.py:2) 20',
+        "a line that is no sample",
+    ])
+    summary = bench.summarize_py_spy(raw, rate=100, steps=10)  # a sample is 10 ms: 1 ms a step over 10 steps
+    core, front = summary["processes"]
+    assert core["process"] == 'process 2:"VLLM::EngineCore"' and core["busy_ms_per_step"] == 40.0
+    assert core["self_ms_per_step"] == [["schedule (s.py:9)", 30.0], ["step (core.py:5)", 10.0]]
+    # main and step are in every sample of the engine core: entry points, left out of the inclusive ranking
+    assert core["inclusive_ms_per_step"] == [["schedule (s.py:9)", 30.0]]
+    assert front["busy_ms_per_step"] == 20.0 and front["self_ms_per_step"] == [["wait (t.py:2)", 20.0]]
+
+
+def test_py_spy_is_found_in_a_target_install(bench, tmp_path, monkeypatch):
+    target = tmp_path / "site"
+    (target / "bin").mkdir(parents=True)
+    exe = target / "bin" / "py-spy"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("PY_SPY", raising=False)
+    monkeypatch.setattr(bench.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(bench.sys, "path", [str(target)])
+    assert bench.find_py_spy() == str(exe)
+    monkeypatch.setattr(bench.sys, "path", [])
+    assert bench.find_py_spy() is None
