@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+#: the sample document the real-engine tests ask about
+SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "lighthouse.md"
+
+
+def long_answer_command(model_dir: str) -> list[str]:
+    """``locks-chat ask`` on :data:`SAMPLE` with a question whose answer streams for a while (up to 400 tokens)."""
+    question = "Describe the lighthouse, its keepers and its light in as much detail as you can."
+    return [sys.executable, "-m", "locks_chat.cli", "ask", str(SAMPLE), question, "--model", model_dir,
+            "--budget", "256", "--max-tokens", "400"]
 
 
 def engine_processes(pids: set[int]) -> set[int]:

@@ -8,26 +8,20 @@ Skipped without tmux, vLLM or the built-in model.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.process_support import descendants, engine_processes
+from tests.process_support import descendants, engine_processes, long_answer_command
 from tests.tmux_support import TmuxApp, have_tmux
 
 if not have_tmux():
     pytest.skip("tmux is not installed (apt-get install tmux)", allow_module_level=True)
 pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
 
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "lighthouse.md"
-
 
 def test_ctrl_c_while_the_answer_streams_prints_one_line_and_exits_130(model_dir, user_home):
-    question = "Describe the lighthouse, its keepers and its light in as much detail as you can."
-    command = [sys.executable, "-m", "locks_chat.cli", "ask", str(SAMPLE), question, "--model", model_dir,
-               "--budget", "256", "--max-tokens", "400"]
+    command = long_answer_command(model_dir)
     app = TmuxApp(command, {"LOCKS_CHAT_HOME": str(user_home)}, size=(200, 50))
     try:
         pane_pid = int(app._tmux("display-message", "-p", "-t", "app", "#{pane_pid}").strip())

@@ -11,24 +11,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.process_support import descendants, engine_processes
+from tests.process_support import descendants, engine_processes, long_answer_command
 
 pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
 
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "lighthouse.md"
-
 
 def test_sigterm_to_the_process_group_while_the_answer_streams(model_dir, user_home):
-    question = "Describe the lighthouse, its keepers and its light in as much detail as you can."
-    command = [sys.executable, "-m", "locks_chat.cli", "ask", str(SAMPLE), question, "--model", model_dir,
-               "--budget", "256", "--max-tokens", "400"]
+    command = long_answer_command(model_dir)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     app = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
     streamed: list[bytes] = []
