@@ -70,7 +70,14 @@ def load_document(
         PageRangeError: ``pages`` is malformed, empty or out of range.
     """
     source = str(path)
-    data = _read_bytes(Path(path), source)
+    return _load_bytes(_read_bytes(Path(path), source), source, password, pages, progress, page_time_limit)
+
+
+def _load_bytes(
+    data: bytes, source: str, password: str | None, pages: str | None, progress: ProgressCallback | None,
+    page_time_limit: float | None,
+) -> Document:
+    """``load_document`` once the file's bytes are read."""
     kind = sniff_format(data, source)
     if kind == "pdf":
         from locks_chat.ingest.pdf import read_pdf
@@ -104,7 +111,7 @@ def check_document(path: str | os.PathLike, password: str | None = None, pages: 
     source = str(path)
     data = _read_bytes(Path(path), source)
     if sniff_format(data, source) != "pdf":
-        load_document(path, password=password, pages=pages)
+        _load_bytes(data, source, password, pages, None, None)
         return
     from locks_chat.ingest.pdf import check_pdf
 
