@@ -17,6 +17,8 @@ per direction) need neither: the basis goes into the int8 products as stored, ag
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -71,6 +73,29 @@ def _chanlog_basis_fp16(b_lo, b_hi, b_qe, b_qo, s_e, s_o, TP: tl.constexpr, RP: 
 
 
 @triton.jit
+def _colwise8_logits_by_direction(basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr, ph, live, q_hi, q_lo,
+                                  s_q, B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, TP: tl.constexpr,
+                                  GP: tl.constexpr):
+    """``colwise8`` logits without the batched ``B x r`` product: for each direction ``k`` the basis row
+    ``[TP, D]`` (int8) times the fixed-point query pair gives ``(V q)_k`` `[TP, GP]` on the int8 matrix units, and
+    ``c_{:, k} (V q)_k`` is added to the logits with fp32 FMAs (``r * B * G`` a page). Returns fp32 `[TP, B, GP]`
+    without ``q . mu``."""
+    o_d = tl.arange(0, D)
+    o_b = tl.arange(0, B)
+    acc = tl.zeros([TP, B, GP], dtype=tl.float32)
+    for k in tl.static_range(R):
+        row = ph * R + k  # [TP]
+        b_vk = tl.load(basis_ptr + row[:, None] * D + o_d[None, :], mask=live[:, None], other=0)  # [TP, D] int8
+        c_k = tl.load(coeffs_ptr + ph[:, None] * (B * R) + o_b[None, :] * R + k, mask=live[:, None], other=0)
+        s_k = (tl.load(basis_scale_ptr + row, mask=live, other=0.0).to(tl.float32)
+               * tl.load(coeffs_scale_ptr + row, mask=live, other=0.0).to(tl.float32))  # [TP]
+        w_int = 256 * tl.dot(b_vk, q_hi) + tl.dot(b_vk, q_lo)  # [TP, GP], exact
+        w_k = w_int.to(tl.float32) * s_q[None, :] * s_k[:, None]
+        acc += c_k.to(tl.float32)[:, :, None] * w_k[:, None, :]
+    return acc
+
+
+@triton.jit
 def _score_pages_kernel(
     q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, centroid_scale_ptr, basis_scale_ptr, coeffs_scale_ptr,
     block_table_ptr, seq_lens_ptr, out_ptr,
@@ -78,6 +103,7 @@ def _score_pages_kernel(
     scale, H, PMAX,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, FMT: tl.constexpr, CHANLOG_PATH: tl.constexpr,
+    COEF_PATH: tl.constexpr,
 ):
     i_t, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_j = i_t * TP + tl.arange(0, TP)  # [TP] logical pages
@@ -100,8 +126,13 @@ def _score_pages_kernel(
         row = ph[:, None] * R + o_r[None, :]  # [TP, RP] basis rows (page, direction)
         m_row = live[:, None] & (o_r < R)[None, :]
         m_c = live[:, None, None] & (o_k < R)[None, None, :]
-        b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, :, None] * R + o_k[None, None, :],
-                      mask=m_c, other=0)  # [TP, B, KP]
+        if FMT == 4 and COEF_PATH == 2:
+            m_c = live[:, None, None] & (o_r < R)[None, None, :]
+            b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, :, None] * R + o_r[None, None, :],
+                          mask=m_c, other=0)  # [TP, B, RP]
+        elif not (FMT == 4 and COEF_PATH == 1):
+            b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, :, None] * R + o_k[None, None, :],
+                          mask=m_c, other=0)  # [TP, B, KP]
         p_q = q_ptr + i_s * stride_qs + (i_h * G + o_g[None, :]) * stride_qh  # [1, GP]
         if FMT == 0:
             b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :], mask=live[:, None], other=0.0)
@@ -114,7 +145,7 @@ def _score_pages_kernel(
             DH: tl.constexpr = D // 2
             o_dh = tl.arange(0, DH)
             b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :], mask=live[:, None], other=0)
-            if FMT == 4:
+            if FMT == 4 and COEF_PATH != 1:
                 b_v8 = tl.reshape(tl.load(basis_ptr + row[:, :, None] * D + o_d[None, None, :],
                                           mask=m_row[:, :, None], other=0), [TP * RP, D])  # int8
             else:
@@ -125,6 +156,8 @@ def _score_pages_kernel(
                 s_mu = tl.load(centroid_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
                 s_w = (tl.load(basis_scale_ptr + ph, mask=live, other=0.0).to(tl.float32)
                        * tl.load(coeffs_scale_ptr + ph, mask=live, other=0.0).to(tl.float32))[:, None]
+            elif FMT == 4 and COEF_PATH == 1:
+                pass  # scales per direction, in the loop
             elif FMT == 3:
                 s_w = tl.load(coeffs_scale_ptr + row, mask=m_row, other=0.0).to(tl.float32)  # [TP, RP]
                 p_code = basis_scale_ptr + ph[:, None] * D + 2 * o_dh[None, :]  # [TP, D/2] even channels
@@ -147,8 +180,12 @@ def _score_pages_kernel(
                 q_int = tl.floor(b_qf / s_q[None, :] + 0.5)
                 q_hi = tl.floor((q_int + 128.0) / 256.0)
                 q_lo = (q_int - 256.0 * q_hi).to(tl.int8)
-                w_int = 256 * tl.dot(b_v8, q_hi.to(tl.int8)) + tl.dot(b_v8, q_lo)  # [TP * RP, GP], exact
-                b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
+                if COEF_PATH == 1:
+                    b_logit = _colwise8_logits_by_direction(basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr,
+                                                            ph, live, q_hi.to(tl.int8), q_lo, s_q, B, D, R, TP, GP)
+                else:
+                    w_int = 256 * tl.dot(b_v8, q_hi.to(tl.int8)) + tl.dot(b_v8, q_lo)  # [TP * RP, GP], exact
+                    b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
             else:
                 # the basis as unsigned nibbles (V = nib - 8)
                 b_qe = tl.load(p_q + 2 * o_dh[:, None], mask=m_g[None, :], other=0.0).to(tl.float32)  # [D/2, GP]
@@ -173,11 +210,18 @@ def _score_pages_kernel(
                     w_lo = tl.dot(b_lo, qe_lo) + tl.dot(b_hi, qo_lo)
                     w_int = 256 * w_hi + w_lo - 8 * q_sum[None, :]  # [TP * RP, GP] = (V_int q_int), exact
                     b_w = tl.reshape(w_int.to(tl.float32) * s_q[None, :], [TP, RP, GP]) * s_w[:, :, None]
-        if KP > RP:
+        if FMT == 4 and COEF_PATH == 1:
+            pass  # logits already summed per direction
+        elif FMT == 4 and COEF_PATH == 2:
+            # the B x r contraction as one broadcast product summed over r in registers (fp32 FMAs)
+            b_logit = tl.sum(b_c.to(tl.float32)[:, :, :, None] * b_w[:, None, :, :], axis=2)  # [TP, B, GP]
+        elif KP > RP:
             # zero rows up to the 16 that a matrix-unit product needs along the direction axis
             o_f = tl.arange(0, KP // RP)
             b_w = tl.reshape(tl.where((o_f == 0)[None, :, None, None], b_w[:, None, :, :], 0.0), [TP, KP, GP])
-        if FMT == 0:
+        if FMT == 4 and COEF_PATH != 0:
+            pass
+        elif FMT == 0:
             b_logit = tl.dot(b_c, b_w, input_precision="ieee")  # [TP, B, GP]
         else:
             # int8 coefficients are exact in fp16; the (V q) factors go in as an fp16 pair (hi + lo)
@@ -194,10 +238,33 @@ def _score_pages_kernel(
 #: ``chanlog`` V q paths: 1 = basis dequantized to an fp16 pair (the default), 0 = scales folded into a per-page
 #: fixed-point query (int8 products; the first version, kept for timing)
 CHANLOG_PATHS = {"fp16": 1, "int8": 0}
+#: ``colwise8`` paths for the ``B x r`` coefficient contraction: 0 = batched fp16 products (hi + lo pair), 1 = one
+#: int8 ``(V q)_k`` product per direction and fp32 FMAs, 2 = one ``V q`` product and a broadcast sum over ``r``
+COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2}
+#: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS]]`` (``PATH`` a name of ``COEF_PATHS``): lets
+#: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
+TUNING_ENV = "LOCKS_SCORE_TUNING"
+
+
+def score_tuning(summary_format: str, groups: int) -> tuple[str, int | None, int | None]:
+    """``(coef_path, tile_pages, num_warps)`` for a summary format and GQA group size: ``$LOCKS_SCORE_TUNING`` if
+    set (fields it leaves out are None: the caller's or the kernel's defaults), else the measured defaults.
+
+    Raises:
+        ValueError: on an override that does not parse."""
+    override = os.environ.get(TUNING_ENV, "").strip()
+    if not override:
+        return "dot", None, None
+    path, *ints = [f.strip() for f in override.split(",")]
+    if path not in COEF_PATHS or len(ints) > 2 or not all(f.isdecimal() and int(f) > 0 for f in ints):
+        raise ValueError(f"{TUNING_ENV}={override!r}: expected PATH[,TILE_PAGES[,NUM_WARPS]] with PATH one of "
+                         f"{', '.join(COEF_PATHS)}")
+    tile_pages, num_warps = ([int(f) for f in ints] + [None, None])[:2]
+    return path, tile_pages, num_warps
 
 
 def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-               chanlog_path="fp16"):
+               chanlog_path="fp16", coef_path=None):
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -217,7 +284,10 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     chanlog = store.summary_format == "chanlog"
     if chanlog and chanlog_path == "int8":
         tile_pages = tile_pages or 8
-    tile_pages = tile_pages or (16 if chanlog else 32 if groups <= 4 else 16)
+    tuned_path, tuned_tile, tuned_warps = score_tuning(store.summary_format, groups)
+    coef_path = coef_path or tuned_path
+    tile_pages = tile_pages or tuned_tile or (16 if chanlog else 32 if groups <= 4 else 16)
+    num_warps = num_warps or tuned_warps or 4
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
         q,
@@ -249,6 +319,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         TP=tile_pages,
         FMT=FORMAT_CODES[store.summary_format],
         CHANLOG_PATH=CHANLOG_PATHS[chanlog_path],
+        COEF_PATH=COEF_PATHS[coef_path] if store.summary_format == "colwise8" else 0,
         num_warps=num_warps,
     )
     return out
@@ -264,8 +335,9 @@ def score_pages(
     scale: float | None = None,
     out: Tensor | None = None,
     tile_pages: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     chanlog_path: str = "fp16",
+    coef_path: str | None = None,
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
 
@@ -280,17 +352,23 @@ def score_pages(
         page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
         scale (float | None): softmax scale, default ``D ** -0.5``.
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
-        tile_pages, num_warps (int): pages per program (default 32, 16 for groups over 4 and for ``chanlog``;
-            8 for ``chanlog_path="int8"``, whose query is per page) and warps per program (tuning only).
+        tile_pages, num_warps (int | None): pages per program (default 32, 16 for groups over 4 and for
+            ``chanlog``; 8 for ``chanlog_path="int8"``, whose query is per page) and warps per program (default 4);
+            tuning only, defaults overridden by ``$LOCKS_SCORE_TUNING`` (``score_tuning``).
         chanlog_path (str): how ``chanlog`` computes ``V q``: ``"fp16"`` (basis dequantized in registers as an
             fp16 pair, one product for the tile) or ``"int8"`` (scales folded into a per-page fixed-point
             query); tuning only, equal results within rounding.
+        coef_path (str | None): how ``colwise8`` contracts the ``B x r`` coefficients with ``V q`` (a name of
+            ``COEF_PATHS``; default ``score_tuning``'s); tuning only, equal results within rounding.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernel does not take.
+        ValueError: on an unknown ``coef_path``, or a ``$LOCKS_SCORE_TUNING`` that does not parse.
     """
+    if coef_path is not None and coef_path not in COEF_PATHS:
+        raise ValueError(f"coef_path={coef_path!r}: allowed {', '.join(COEF_PATHS)}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-                      chanlog_path)
+                      chanlog_path, coef_path)

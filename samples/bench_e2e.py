@@ -141,6 +141,8 @@ def run_engine(args: argparse.Namespace) -> dict:
         "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
         "budget": args.budget if locks else None, "rank": args.rank if locks else None,
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
+        # the score kernel's tuning override (locks_kernels.score.TUNING_ENV), if the run set one
+        "score_tuning": os.environ.get("LOCKS_SCORE_TUNING") or None if locks else None,
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
         "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
     }

@@ -67,6 +67,33 @@ def test_chanlog_paths_match_ops(path, tile, groups):
     _check_scores(sc, "chanlog", sc.q.bfloat16().float(), 1e-4, chanlog_path=path, tile_pages=tile)
 
 
+@pytest.mark.parametrize("path", ["dot", "direction", "broadcast"])
+@pytest.mark.parametrize("groups,rank", [(1, 8), (4, 5), (16, 8)], ids=lambda v: str(v))
+def test_colwise8_coefficient_paths_match_ops(path, groups, rank):
+    """Every way of contracting the B x r coefficients with V q (batched fp16 pair, per-direction FMAs, broadcast
+    sum) gives the ops scores for colwise8, partial pages and a rank that is not a power of two included."""
+    sc = make_scenario([16 * 20 + 3, 16 * 9], num_kv_heads=2, groups=groups, head_dim=128, seed=groups, key_offset=20.0)
+    _check_scores(sc, "colwise8", sc.q.bfloat16().float(), 1e-4, rank, coef_path=path)
+
+
+def test_score_tuning_override_from_the_environment(monkeypatch):
+    from locks_kernels.score import TUNING_ENV, score_tuning
+
+    assert score_tuning("colwise8", 16) == ("dot", None, None)
+    monkeypatch.setenv(TUNING_ENV, "broadcast")
+    assert score_tuning("colwise8", 4) == ("broadcast", None, None)
+    monkeypatch.setenv(TUNING_ENV, "direction, 32,8")
+    assert score_tuning("colwise8", 16) == ("direction", 32, 8)
+    for bad in ("fastest", "dot,0", "dot,16,4,2", "dot,x"):
+        monkeypatch.setenv(TUNING_ENV, bad)
+        with pytest.raises(ValueError, match="expected PATH"):
+            score_tuning("colwise8", 4)
+    monkeypatch.delenv(TUNING_ENV)
+    sc = make_scenario([40], num_kv_heads=1, groups=1, head_dim=64, seed=0)
+    with pytest.raises(ValueError, match="coef_path='fma'"):
+        lk.score_pages(sc.q, None, sc.block_table, sc.seq_lens, 16, 16, coef_path="fma")
+
+
 @requires_bf16_dot
 @pytest.mark.parametrize("fmt", ["colwise8", "chanlog", "colwise", "paper"])
 @pytest.mark.parametrize("groups", [4, 16], ids=lambda g: f"gqa{g}")

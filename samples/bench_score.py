@@ -1,0 +1,129 @@
+"""Page scoring alone on the GPU: the ``colwise8`` coefficient paths of ``locks_kernels.score`` (batched fp16
+products, per-direction int8 products with fp32 FMAs, one product and a broadcast sum) and their tile sizes, at
+the GQA groups of the end-to-end shapes (GPU machine).
+
+Setup as ``bench_kernels.py``: bf16 keys drawn from a normal distribution in a permuted paged KV cache, summaries
+built by ``build_cache_summaries`` (budget 2048, r = 8, page 16, block 64), one bf16 query per query head; timing
+is CUDA-graph replays between CUDA events with L2 flushed before each, median of ``--reps``. Every variant's
+scores must match the ``dot`` path's to 1e-3 (relative to the largest score) on the finite entries (checked).
+Byte floor: the summaries read, ``pages x KV heads x summary bytes``, at the device-to-device copy bandwidth.
+
+Usage::
+
+    python samples/bench_score.py --out OUT      # prints a table; writes OUT/score.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from locks_engine.config import LocksConfig  # noqa: E402
+
+#: (name, KV heads, query heads, largest context; contexts timed)
+SHAPES = [
+    ("glm4-9b-1m", 2, 32, (1 << 20, 1 << 17)),
+    ("llama3.1-8b", 8, 32, (1 << 20, 1 << 17)),
+]
+#: (coef_path, tile_pages, num_warps) per GQA group size
+VARIANTS = {
+    16: [(p, tp, nw) for p in ("dot", "direction", "broadcast") for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))],
+    4: [(p, tp, nw) for p in ("dot", "direction", "broadcast") for tp, nw in ((32, 4), (16, 4))],
+}
+
+
+def save(out: Path, meta: dict, rows: list, failures: list) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "score.json").write_text(json.dumps({**meta, "rows": rows, "failures": failures}, indent=1))
+
+
+def fastest_tuning(row: dict, default: str = "dot tp16 w4", margin: float = 0.9) -> str:
+    """``PATH,TILE_PAGES,NUM_WARPS`` of the fastest variant of a row, or "" when the default variant is within
+    ``1 / margin`` of it (or missing)."""
+    ok = {k: v for k, v in row["ms"].items() if v is not None}
+    best = min(ok, key=ok.get)
+    if default in ok and ok[best] >= margin * ok[default]:
+        return ""
+    path, tp, nw = best.split()
+    return f"{path},{tp[2:]},{nw[1:]}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("score-out"))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--time-limit", type=float, default=300.0, help="seconds; later shapes are skipped")
+    ap.add_argument("--tuning-file", type=Path, help="write the fastest variant at the first shape's largest "
+                    "context as a $LOCKS_SCORE_TUNING value (empty when the default is within 10%% of it)")
+    args = ap.parse_args()
+    import locks_kernels as lk
+    from bench_kernels import BLOCK, Setup, Timer, copy_bandwidth
+    from locks_engine.ops.summaries import summary_bytes
+
+    cfg = LocksConfig(budget=2048, rank=8, summary_format="colwise8")
+    timer, rows, failures, start = Timer(args.reps), [], [], time.perf_counter()
+    bw = copy_bandwidth(timer)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": args.reps,
+            "copy_bw_bytes_per_s": bw, "config": cfg.to_dict()}
+    for name, heads, q_heads, contexts in SHAPES:
+        if time.perf_counter() - start > args.time_limit:
+            failures.append(f"{name}: skipped (time limit)")
+            continue
+        s = Setup(heads, q_heads, 128, 1, max(contexts), cfg)
+        groups = q_heads // heads
+        for ctx in contexts:
+            table = s.table[:, : ctx // BLOCK].contiguous()
+            lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+            pages = ctx // cfg.page_size
+            floor_ms = pages * heads * summary_bytes(cfg.page_size, cfg.rank, 128, cfg.summary_format)[0] / bw * 1e3
+            row = {"shape": name, "context": ctx, "kv_heads": heads, "groups": groups,
+                   "byte_floor_ms": round(floor_ms, 4), "ms": {}, "max_rel_diff": {}}
+            reference = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, coef_path="dot").clone()
+            finite = torch.isfinite(reference)
+            top = reference[finite].abs().max().item()
+            for path, tp, nw in VARIANTS[groups]:
+                label = f"{path} tp{tp} w{nw}"
+                out = torch.empty_like(reference)
+                try:
+                    lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, out=out, tile_pages=tp, num_warps=nw,
+                                   coef_path=path)
+                except Exception as exc:  # a tile the compiler refuses (registers, shared memory)
+                    row["ms"][label] = None
+                    row["max_rel_diff"][label] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    continue
+                same_inf = torch.equal(torch.isfinite(out), finite)
+                diff = (out[finite] - reference[finite]).abs().max().item() / top if same_inf else float("inf")
+                row["max_rel_diff"][label] = diff
+                if diff > 1e-3:
+                    failures.append(f"{name} {ctx}: {label} differs from dot by {diff:.2e}")
+                ms, _ = timer(lambda p=path, t=tp, w=nw, o=out: lk.score_pages(
+                    s.q, s.store, table, lens, 16, BLOCK, out=o, tile_pages=t, num_warps=w, coef_path=p))
+                row["ms"][label] = round(ms, 4)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            save(args.out, meta, rows, failures)
+        del s
+        torch.cuda.empty_cache()
+    save(args.out, meta, rows, failures)
+    print(f"\n{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s; score time in us (floor: summary bytes)")
+    for r in rows:
+        ok = {k: v for k, v in r["ms"].items() if v is not None}
+        best = min(ok, key=ok.get)
+        print(f"{r['shape']} {r['context'] // 1024}K G={r['groups']}: floor {r['byte_floor_ms'] * 1e3:.1f} | best "
+              f"{best} {ok[best] * 1e3:.1f} | " + " | ".join(f"{k} {v * 1e3:.1f}" for k, v in ok.items()))
+    if args.tuning_file and rows:
+        args.tuning_file.write_text(fastest_tuning(rows[0]) + "\n")
+    print("RESULT:", "PASS" if not failures else "FAIL " + "; ".join(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
