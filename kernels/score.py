@@ -246,8 +246,8 @@ COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2}
 TUNING_ENV = "LOCKS_SCORE_TUNING"
 
 
-def score_tuning(summary_format: str, groups: int) -> tuple[str, int | None, int | None]:
-    """``(coef_path, tile_pages, num_warps)`` for a summary format and GQA group size: ``$LOCKS_SCORE_TUNING`` if
+def score_tuning() -> tuple[str, int | None, int | None]:
+    """``(coef_path, tile_pages, num_warps)`` of the score kernel: ``$LOCKS_SCORE_TUNING`` if
     set (fields it leaves out are None: the caller's or the kernel's defaults), else the measured defaults.
 
     Raises:
@@ -284,7 +284,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     chanlog = store.summary_format == "chanlog"
     if chanlog and chanlog_path == "int8":
         tile_pages = tile_pages or 8
-    tuned_path, tuned_tile, tuned_warps = score_tuning(store.summary_format, groups)
+    tuned_path, tuned_tile, tuned_warps = score_tuning()
     coef_path = coef_path or tuned_path
     tile_pages = tile_pages or tuned_tile or (16 if chanlog else 32 if groups <= 4 else 16)
     num_warps = num_warps or tuned_warps or 4

@@ -79,15 +79,15 @@ def test_colwise8_coefficient_paths_match_ops(path, groups, rank):
 def test_score_tuning_override_from_the_environment(monkeypatch):
     from locks_kernels.score import TUNING_ENV, score_tuning
 
-    assert score_tuning("colwise8", 16) == ("dot", None, None)
+    assert score_tuning() == ("dot", None, None)
     monkeypatch.setenv(TUNING_ENV, "broadcast")
-    assert score_tuning("colwise8", 4) == ("broadcast", None, None)
+    assert score_tuning() == ("broadcast", None, None)
     monkeypatch.setenv(TUNING_ENV, "direction, 32,8")
-    assert score_tuning("colwise8", 16) == ("direction", 32, 8)
+    assert score_tuning() == ("direction", 32, 8)
     for bad in ("fastest", "dot,0", "dot,16,4,2", "dot,x"):
         monkeypatch.setenv(TUNING_ENV, bad)
         with pytest.raises(ValueError, match="expected PATH"):
-            score_tuning("colwise8", 4)
+            score_tuning()
     monkeypatch.delenv(TUNING_ENV)
     sc = make_scenario([40], num_kv_heads=1, groups=1, head_dim=64, seed=0)
     with pytest.raises(ValueError, match="coef_path='fma'"):
