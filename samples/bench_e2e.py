@@ -568,10 +568,15 @@ def depth_fits(cells: dict) -> list[dict]:
     """Per (shape, tp, context, batch): least-squares TPOT = fixed + slope x layers for each backend over the
     measured depths (two or more), and the TPOT at the shape's full depth from the fit, labelled extrapolated.
     ``dense_slope_below_floor`` flags a fit whose dense per-layer time is under the HBM floor of reading that
-    layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low."""
-    groups = {}
-    for (shape, layers, tp, ctx, batch, backend, fmt), (_, c) in cells.items():
+    layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low. Where both
+    backends were profiled (``--profile-steps``) at two or more depths, ``fit["device"]`` fits the GPU kernel
+    time per step the same way: the per-layer device cost and the device time at full depth."""
+    groups, busy = {}, {}
+    for (shape, layers, tp, ctx, batch, backend, fmt), (r, c) in cells.items():
         groups.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = c["tpot_ms"]
+        ms = profile_busy_ms(r, ctx) if batch == 1 else None
+        if ms is not None:
+            busy.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = ms
     rows = []
     for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=by_format_last):
         full = SHAPES[shape]["num_hidden_layers"]
@@ -597,10 +602,33 @@ def depth_fits(cells: dict) -> list[dict]:
                     "dense_kv_read_floor_per_layer_ms": round(floor_ms, 4),
                     "dense_slope_below_floor": fit_d[1] < floor_ms},
         }
+        # the same fit over the profiled GPU kernel time per step: free of host waits, so its slope is the
+        # per-layer device cost even where a shallow depth's TPOT sits on the host floor
+        busy_l, busy_d = busy.get((shape, tp, ctx, batch, backend, fmt), {}), busy.get(
+            (shape, tp, ctx, batch, "flash", None), {})
+        if len(busy_l) >= 2 and len(busy_d) >= 2:
+            dev_l, dev_d = linear_fit(busy_l), linear_fit(busy_d)
+            row["fit"]["device"] = {
+                "depths_locks": sorted(busy_l), "depths_dense": sorted(busy_d),
+                "locks_fixed_ms": round(dev_l[0], 3), "locks_per_layer_ms": round(dev_l[1], 4),
+                "dense_fixed_ms": round(dev_d[0], 3), "dense_per_layer_ms": round(dev_d[1], 4),
+                "per_layer_ratio": round(dev_d[1] / dev_l[1], 2) if dev_l[1] > 0 else None,
+                "dense_ms_at_full_depth": round(dev_d[0] + dev_d[1] * full, 3),
+                "locks_ms_at_full_depth": round(dev_l[0] + dev_l[1] * full, 3)}
         if tp > 1:
             row["tp"] = tp
         rows.append(row)
     return rows
+
+
+def profile_busy_ms(result: dict | None, ctx: int) -> float | None:
+    """GPU kernel time per decode step (ms; first rank) of ``result``'s ``--profile-steps`` profile when it was
+    taken at ``ctx`` tokens, else None. It includes the one prefill step of the cached prompt (1 of the steps)."""
+    profile = (result or {}).get("profile") or {}
+    ranks = profile.get("ranks") or [{}]
+    if profile.get("context") != ctx:
+        return None
+    return ranks[0].get("device_busy_ms_per_step")
 
 
 def linear_fit(points: dict[int, float]) -> tuple[float, float]:

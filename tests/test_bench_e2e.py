@@ -157,6 +157,29 @@ def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
     assert row["summary_format"] == "chanlog"
 
 
+def test_depth_fit_over_profiled_device_time(bench) -> None:
+    """With profiles at two depths the fit also covers GPU kernel time per step: a 4-layer step that waits on
+    the host (TPOT 5.8 ms, kernels 2.5 ms) flattens the TPOT slope, not the device one."""
+    def c(layers, backend, tpot, busy, ctx=1 << 20):
+        result = {"profile": {"context": ctx, "ranks": [{"device_busy_ms_per_step": busy}]}}
+        return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, "colwise8" if backend == "locks" else None),
+                (result, {"tpot_ms": tpot}))
+    cells = dict([c(4, "flash", 5.8, 2.5), c(24, "flash", 10.4, 11.3), c(4, "locks", 5.8, 2.1),
+                  c(24, "locks", 9.0, 8.7)])
+    (row,) = bench.depth_fits(cells)
+    dev = row["fit"]["device"]
+    assert dev["dense_per_layer_ms"] == pytest.approx(0.44) and dev["locks_per_layer_ms"] == pytest.approx(0.33)
+    assert dev["per_layer_ratio"] == pytest.approx(1.33)
+    assert dev["dense_fixed_ms"] == pytest.approx(0.74) and dev["locks_fixed_ms"] == pytest.approx(0.78)
+    assert dev["dense_ms_at_full_depth"] == pytest.approx(0.74 + 40 * 0.44)
+    assert row["fit"]["dense_per_layer_ms"] == pytest.approx(0.23)  # the TPOT fit, host-bound at 4 layers
+    # a profile taken at another context is not this cell's
+    cells = dict([c(4, "flash", 5.8, 2.5, ctx=1 << 17), c(24, "flash", 10.4, 11.3), c(4, "locks", 5.8, 2.1),
+                  c(24, "locks", 9.0, 8.7)])
+    (row,) = bench.depth_fits(cells)
+    assert "device" not in row["fit"]
+
+
 def test_summarize_without_results_fails(bench, tmp_path, capsys) -> None:
     args = bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(tmp_path / "e2e.json"), meta="")
     assert bench.summarize(args) == 2
