@@ -641,7 +641,8 @@ def linear_fit(points: dict[int, float]) -> tuple[float, float]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """TPOT of both backends by context (measured rows), one panel per shape."""
+    """Batch-1 TPOT of both backends: by context for shapes measured at full depth, and by depth (with the TPOT
+    fit and its extrapolated full-depth point, hollow) for contexts measured at several depths."""
     try:
         import matplotlib
 
@@ -651,23 +652,49 @@ def plot(rows: list[dict], path: Path) -> None:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
     measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1 and r["dense_tpot_ms"]]
-    shapes = sorted({(r["shape"], r["layers"]) for r in measured})
-    if not shapes:
+    by_context, by_depth = {}, {}
+    for r in measured:
+        if r["layers"] == SHAPES[r["shape"]]["num_hidden_layers"]:
+            by_context.setdefault(r["shape"], []).append(r)
+        else:
+            by_depth.setdefault((r["shape"], r["context"]), []).append(r)
+    fits = {(r["shape"], r["context"]): r for r in rows if r["extrapolated"] and r["batch"] == 1}
+    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k in fits}
+    panels = [("context", k, v) for k, v in sorted(by_context.items())]
+    panels += [("depth", k, v) for k, v in sorted(by_depth.items())]
+    if not panels:
         return
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
-    for ax, (shape, layers) in zip(axes[0], shapes):
-        pts = sorted((r["context"], r["dense_tpot_ms"], r["locks_tpot_ms"]) for r in measured
-                     if (r["shape"], r["layers"]) == (shape, layers))
-        xs = [p[0] // 1024 for p in pts]
-        ax.plot(xs, [p[1] for p in pts], "o-", label="vLLM FLASH_ATTN")
-        ax.plot(xs, [p[2] for p in pts], "s-", label="LOCKS (budget 2048, r=8)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (K tokens)")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    labels = {"dense_tpot_ms": ("o-", "vLLM FLASH_ATTN"), "locks_tpot_ms": ("s-", "LOCKS (budget 2048, r=8)")}
+    for ax, (kind, key, pts) in zip(axes[0], panels):
+        if kind == "context":
+            pts = sorted(pts, key=lambda r: r["context"])
+            xs = [r["context"] // 1024 for r in pts]
+            for field, (style, label) in labels.items():
+                ax.plot(xs, [r[field] for r in pts], style, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("context (K tokens)")
+            ax.set_title(f"{key}, {SHAPES[key]['num_hidden_layers']} layers")
+        else:
+            shape, ctx = key
+            pts = sorted(pts, key=lambda r: r["layers"])
+            fit = fits.get(key)
+            prefixes = {"dense_tpot_ms": "dense", "locks_tpot_ms": "locks"}
+            for field, (style, label) in labels.items():
+                line = ax.plot([r["layers"] for r in pts], [r[field] for r in pts], style[0], label=label)[0]
+                if fit:  # the fit from its intercept (0 layers) to the extrapolated full depth, dotted
+                    fixed = fit["fit"][f"{prefixes[field]}_fixed_ms"]
+                    ax.plot([0, fit["layers"]], [fixed, fit[field]], ":", color=line.get_color())
+                    ax.plot([fit["layers"]], [fit[field]], style[0], mfc="none", color=line.get_color())
+            ax.set_xlabel("layers (hollow: extrapolated from the TPOT fit)")
+            size = f"{ctx >> 20}M" if ctx >= 1 << 20 else f"{ctx >> 10}K"
+            flagged = fit and fit["fit"]["dense_slope_below_floor"]
+            note = "\n(fit flagged: a host-bound depth)" if flagged else ""
+            ax.set_title(f"{shape} at {size} tokens, by depth{note}")
+            ax.set_xlim(left=0)
         ax.set_ylabel("TPOT (ms), batch 1")
-        ax.set_title(f"{shape}, {layers} layers")
-        ax.legend()
         ax.set_ylim(bottom=0)
-        ax.margins(x=0.1, y=0.15)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
