@@ -132,7 +132,7 @@ def run_engine(args: argparse.Namespace) -> dict:
         max_model_len=max_len, attention_backend=backend_name(args.backend, torch.cuda.is_available()), additional_config=extra,
         kv_cache_memory_bytes=kv_bytes, tensor_parallel_size=args.tp, max_num_seqs=max(seqs, 1),
         enable_prefix_caching=True, enforce_eager=args.eager, seed=0,
-        compilation_config={"cudagraph_capture_sizes": capture},
+        compilation_config={"cudagraph_capture_sizes": capture}, **prefix_walk_kwargs(args.no_prefix_walk),
     )
     start_s = time.perf_counter() - start
     llm.apply_model(install_probes)
@@ -143,6 +143,8 @@ def run_engine(args: argparse.Namespace) -> dict:
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
         # the score kernel's tuning override (locks_kernels.score.TUNING_ENV), if the run set one
         "score_tuning": os.environ.get("LOCKS_SCORE_TUNING") or None if locks else None,
+        # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_engine.vllm_backend.scheduler)
+        "prefix_walk": not args.no_prefix_walk,
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
         "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
     }
@@ -365,7 +367,8 @@ def parse_batches(text: str) -> dict[int, int]:
     return out
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this script (the parent's, and its engine children's with ``--child``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
     parser.add_argument("--layers", default="", help="comma list of depths (default: the shape's full depth)")
@@ -380,6 +383,8 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
+    parser.add_argument("--no-prefix-walk", action="store_true",
+                        help="cascade attention off and vLLM's per-step common-prefix walk cut (both backends)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="after the cells, profile this many decode tokens at the largest context (0: off)")
     parser.add_argument("--py-spy-steps", type=int, default=0,
@@ -395,6 +400,11 @@ def main() -> int:
     parser.add_argument("--meta", default="", help="JSON object merged into the summary (gpu, date, command)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.summarize is not None:
         return summarize(args)
@@ -458,6 +468,16 @@ def run_engine_process(cmd: list[str], log, timeout: float, env: dict | None = N
         proc.wait()
 
 
+def prefix_walk_kwargs(cut: bool) -> dict:
+    """``LLM`` arguments that cut vLLM's per-step walk of the running request's block list (cascade attention
+    off, :class:`locks_engine.vllm_backend.scheduler.NoPrefixWalkScheduler`); ``{}`` when ``cut`` is false."""
+    if not cut:
+        return {}
+    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+
+    return {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
+
+
 def engine_name(shape: str, layers, backend: str, tp: int) -> str:
     depth = f"-L{layers}" if layers else ""
     return f"{shape}{depth}-{backend}" + (f"-tp{tp}" if tp > 1 else "")
@@ -469,7 +489,7 @@ def child_args(args: argparse.Namespace) -> list[str]:
             "--summary-format", args.summary_format,
             "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
             "--py-spy-steps", str(args.py_spy_steps),
-            *(["--eager"] if args.eager else [])]
+            *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else [])]
 
 
 def check(results: list[dict]) -> list[str]:
@@ -526,12 +546,13 @@ def summarize(args: argparse.Namespace) -> int:
         for c in r["cells"]:
             if "skipped" not in c:
                 fmt = r.get("summary_format") if r["backend"] == "locks" else None
-                cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], fmt)] = (r, c)
+                walk = r.get("prefix_walk", True)
+                cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk, fmt)] = (r, c)
     rows = []
-    for (shape, layers, tp, ctx, batch, backend, _), (r, c) in sorted(cells.items(), key=by_format_last):
+    for (shape, layers, tp, ctx, batch, backend, walk, _), (r, c) in sorted(cells.items(), key=by_format_last):
         if backend != "locks":
             continue
-        dense = cells.get((shape, layers, tp, ctx, batch, "flash", None))
+        dense = cells.get((shape, layers, tp, ctx, batch, "flash", walk, None))
         dc = dense[1] if dense else {}
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],
@@ -541,6 +562,8 @@ def summarize(args: argparse.Namespace) -> int:
         }
         if tp > 1:
             row["tp"] = tp
+        if not walk:
+            row["prefix_walk"] = False
         row.update({
             "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
             "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
@@ -572,17 +595,17 @@ def depth_fits(cells: dict) -> list[dict]:
     backends were profiled (``--profile-steps``) at two or more depths, ``fit["device"]`` fits the GPU kernel
     time per step the same way: the per-layer device cost and the device time at full depth."""
     groups, busy = {}, {}
-    for (shape, layers, tp, ctx, batch, backend, fmt), (r, c) in cells.items():
-        groups.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = c["tpot_ms"]
+    for (shape, layers, tp, ctx, batch, backend, walk, fmt), (r, c) in cells.items():
+        groups.setdefault((shape, tp, ctx, batch, backend, walk, fmt), {})[layers] = c["tpot_ms"]
         ms = profile_busy_ms(r, ctx) if batch == 1 else None
         if ms is not None:
-            busy.setdefault((shape, tp, ctx, batch, backend, fmt), {})[layers] = ms
+            busy.setdefault((shape, tp, ctx, batch, backend, walk, fmt), {})[layers] = ms
     rows = []
-    for (shape, tp, ctx, batch, backend, fmt), by_depth in sorted(groups.items(), key=by_format_last):
+    for (shape, tp, ctx, batch, backend, walk, fmt), by_depth in sorted(groups.items(), key=by_format_last):
         full = SHAPES[shape]["num_hidden_layers"]
         if backend != "locks" or len(by_depth) < 2 or full in by_depth:
             continue
-        dense = groups.get((shape, tp, ctx, batch, "flash", None), {})
+        dense = groups.get((shape, tp, ctx, batch, "flash", walk, None), {})
         if len(dense) < 2:
             continue
         fit_l, fit_d = linear_fit(by_depth), linear_fit(dense)
@@ -604,8 +627,8 @@ def depth_fits(cells: dict) -> list[dict]:
         }
         # the same fit over the profiled GPU kernel time per step: free of host waits, so its slope is the
         # per-layer device cost even where a shallow depth's TPOT sits on the host floor
-        busy_l, busy_d = busy.get((shape, tp, ctx, batch, backend, fmt), {}), busy.get(
-            (shape, tp, ctx, batch, "flash", None), {})
+        busy_l, busy_d = busy.get((shape, tp, ctx, batch, backend, walk, fmt), {}), busy.get(
+            (shape, tp, ctx, batch, "flash", walk, None), {})
         if len(busy_l) >= 2 and len(busy_d) >= 2:
             dev_l, dev_d = linear_fit(busy_l), linear_fit(busy_d)
             row["fit"]["device"] = {
@@ -617,6 +640,8 @@ def depth_fits(cells: dict) -> list[dict]:
                 "locks_ms_at_full_depth": round(dev_l[0] + dev_l[1] * full, 3)}
         if tp > 1:
             row["tp"] = tp
+        if not walk:
+            row["prefix_walk"] = False
         rows.append(row)
     return rows
 

@@ -6,6 +6,8 @@ the summary in the issue's format, and the depth fit (per-layer slope, fixed cos
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 
 import pytest
@@ -143,10 +145,38 @@ def test_summarize_keeps_one_row_per_summary_format(bench, tmp_path) -> None:
     assert rows["chanlog"]["dense_tpot_ms"] == rows["colwise8"]["dense_tpot_ms"] == 9.0
 
 
+def test_summarize_pairs_runs_without_the_prefix_walk_with_each_other(bench, tmp_path) -> None:
+    """``--no-prefix-walk`` engines make their own rows (``prefix_walk: false``), against the dense engine run
+    the same way; rows of the default runs carry no such key."""
+    cut = lambda r: {**r, "prefix_walk": False}
+    runs = [result("glm4-9b-1m", 4, "flash", [cell(1 << 20, 6.0)]),
+            result("glm4-9b-1m", 4, "locks", [cell(1 << 20, 6.0)]),
+            cut(result("glm4-9b-1m", 4, "flash", [cell(1 << 20, 2.0)])),
+            cut(result("glm4-9b-1m", 4, "locks", [cell(1 << 20, 1.6)]))]
+    for i, r in enumerate(runs):
+        (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    assert bench.summarize(bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(out), meta="")) == 0
+    rows = {r.get("prefix_walk", True): r for r in json.loads(out.read_text())["rows"]}
+    assert (rows[True]["dense_tpot_ms"], rows[True]["locks_tpot_ms"]) == (6.0, 6.0)
+    assert (rows[False]["dense_tpot_ms"], rows[False]["locks_tpot_ms"], rows[False]["speedup"]) == (2.0, 1.6, 1.25)
+
+
+def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
+    """The flag goes on to every engine child; without it the engines get vLLM's defaults."""
+    assert bench.prefix_walk_kwargs(False) == {}
+    if importlib.util.find_spec("vllm") is not None:
+        from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+
+        assert bench.prefix_walk_kwargs(True) == {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
+    assert "--no-prefix-walk" in bench.child_args(bench.build_parser().parse_args(["--no-prefix-walk"]))
+    assert "--no-prefix-walk" not in bench.child_args(bench.build_parser().parse_args([]))
+
+
 def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
     """Llama shapes at 1M read 4.3 GB of K+V a layer (0.89 ms at the HBM peak): a dense slope of 0.61 ms a
     layer (as measured over 2 and 6 layers, the 2-layer step waiting on the host) cannot be the GPU's."""
-    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend,
+    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend, True,
                                          "chanlog" if backend == "locks" else None), (None, {"tpot_ms": tpot}))
     cells = dict([c(2, "flash", 4.8), c(6, "flash", 7.24), c(2, "locks", 4.63), c(6, "locks", 8.09)])
     (row,) = bench.depth_fits(cells)
@@ -162,7 +192,7 @@ def test_depth_fit_over_profiled_device_time(bench) -> None:
     the host (TPOT 5.8 ms, kernels 2.5 ms) flattens the TPOT slope, not the device one."""
     def c(layers, backend, tpot, busy, ctx=1 << 20):
         result = {"profile": {"context": ctx, "ranks": [{"device_busy_ms_per_step": busy}]}}
-        return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, "colwise8" if backend == "locks" else None),
+        return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, True, "colwise8" if backend == "locks" else None),
                 (result, {"tpot_ms": tpot}))
     cells = dict([c(4, "flash", 5.8, 2.5), c(24, "flash", 10.4, 11.3), c(4, "locks", 5.8, 2.1),
                   c(24, "locks", 9.0, 8.7)])

@@ -39,8 +39,10 @@ def model_dir() -> str:
         pytest.skip(f"built-in model unavailable: {err}")
 
 
-def generate(model_dir: str, extra: dict | None, prompts: list[str], override: bool = True) -> list:
-    """Start an engine, run ``prompts`` greedily in one batch, shut the engine down; returns vLLM outputs."""
+def generate(model_dir: str, extra: dict | None, prompts: list[str], override: bool = True,
+             inspect=None, **engine_kwargs) -> list:
+    """Start an engine, run ``prompts`` greedily in one batch, shut the engine down; returns vLLM outputs.
+    ``inspect(llm)`` runs before the shutdown; ``engine_kwargs`` go to ``LLM``."""
     from vllm import LLM, SamplingParams
 
     previous = os.environ.get(OVERRIDE_ENV)
@@ -55,10 +57,14 @@ def generate(model_dir: str, extra: dict | None, prompts: list[str], override: b
             kv_cache_memory_bytes=256 << 20,
             seed=0,
             additional_config=extra or {},
+            **engine_kwargs,
         )
         messages = [[{"role": "user", "content": p}] for p in prompts]
         params = SamplingParams(temperature=0.0, max_tokens=GEN_TOKENS, logprobs=0)
-        return llm.chat(messages, params, use_tqdm=False)
+        outputs = llm.chat(messages, params, use_tqdm=False)
+        if inspect is not None:
+            inspect(llm)
+        return outputs
     finally:
         if previous is None:
             os.environ.pop(OVERRIDE_ENV, None)
@@ -137,3 +143,25 @@ def test_unselected_pages_poisoned_with_nan_change_nothing(sparse, poisoned):
         for step in output.outputs[0].logprobs:
             assert all(math.isfinite(lp.logprob) for lp in step.values())
     assert tokens(poisoned) == tokens(sparse[0])
+
+
+def test_scheduler_without_prefix_walk_keeps_the_tokens(model_dir, reference, monkeypatch):
+    """vLLM's own CPU backend with cascade attention off and :class:`NoPrefixWalkScheduler` (in-process engine
+    core, to look at its scheduler): the walk is cut, the scheduler is vLLM's, and the tokens are the same."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+
+    seen = {}
+
+    def inspect(llm):
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        seen["scheduler"] = scheduler
+        seen["answer"] = scheduler.kv_cache_manager.get_num_common_prefix_blocks("any")
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    outputs = generate(model_dir, None, [SHORT, LONG], override=False, inspect=inspect,
+                       disable_cascade_attn=True, scheduler_cls=SCHEDULER_CLS)
+    assert isinstance(seen["scheduler"], Scheduler) and seen["scheduler"].skips_prefix_walk
+    assert seen["answer"] == [0] * len(seen["scheduler"].kv_cache_config.kv_cache_groups)
+    assert tokens(outputs) == tokens(reference)
