@@ -219,7 +219,7 @@ def _score_pages_kernel(
             # zero rows up to the 16 that a matrix-unit product needs along the direction axis
             o_f = tl.arange(0, KP // RP)
             b_w = tl.reshape(tl.where((o_f == 0)[None, :, None, None], b_w[:, None, :, :], 0.0), [TP, KP, GP])
-        if FMT == 4 and COEF_PATH != 0:
+        if FMT == 4 and (COEF_PATH == 1 or COEF_PATH == 2):
             pass
         elif FMT == 0:
             b_logit = tl.dot(b_c, b_w, input_precision="ieee")  # [TP, B, GP]
@@ -227,7 +227,12 @@ def _score_pages_kernel(
             # int8 coefficients are exact in fp16; the (V q) factors go in as an fp16 pair (hi + lo)
             b_c = b_c.to(tl.float16)
             w_hi = b_w.to(tl.float16)
-            b_logit = tl.dot(b_c, w_hi) + tl.dot(b_c, (b_w - w_hi.to(tl.float32)).to(tl.float16))
+            if FMT == 4 and COEF_PATH == 3:
+                # (V q) rounded once to fp16 (relative error 2^-11, under colwise8's int8 rounding of the
+                # coefficients, 2^-8): half the products and no hi / lo split
+                b_logit = tl.dot(b_c, w_hi)
+            else:
+                b_logit = tl.dot(b_c, w_hi) + tl.dot(b_c, (b_w - w_hi.to(tl.float32)).to(tl.float16))
         b_logit = (b_logit + qmu[:, None, :]) * (scale * 1.4426950408889634)  # base 2
         b_max = tl.max(b_logit, axis=1)
         b_lse = b_max + tl.log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1))
@@ -239,8 +244,9 @@ def _score_pages_kernel(
 #: fixed-point query (int8 products; the first version, kept for timing)
 CHANLOG_PATHS = {"fp16": 1, "int8": 0}
 #: ``colwise8`` paths for the ``B x r`` coefficient contraction: 0 = batched fp16 products (hi + lo pair), 1 = one
-#: int8 ``(V q)_k`` product per direction and fp32 FMAs, 2 = one ``V q`` product and a broadcast sum over ``r``
-COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2}
+#: int8 ``(V q)_k`` product per direction and fp32 FMAs, 2 = one ``V q`` product and a broadcast sum over ``r``,
+#: 3 = the batched product with ``V q`` as one fp16 factor (no lo half: half the products, ~2^-11 relative error)
+COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3}
 #: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS]]`` (``PATH`` a name of ``COEF_PATHS``): lets
 #: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
 TUNING_ENV = "LOCKS_SCORE_TUNING"
