@@ -172,7 +172,11 @@ def _score_pages_kernel(
                 qmu *= s_mu[:, None]
             # V q on the int8 matrix units: the query as a 16-bit fixed-point pair per head,
             # q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
-            if FMT == 4:
+            if FMT == 4 and COEF_PATH == 4:
+                # int8 basis converted to fp16 (exact) against the query in fp16: one product, no fixed point
+                w_f = tl.dot(b_v8.to(tl.float16), b_q.to(tl.float16))  # [TP * RP, GP] fp32
+                b_w = tl.reshape(w_f, [TP, RP, GP]) * s_w[:, :, None]
+            elif FMT == 4:
                 # int8 basis: straight into the products, no unpacking, one scale per direction (in s_w)
                 b_qf = b_q.to(tl.float32)  # [D, GP]
                 s_q = tl.max(tl.abs(b_qf), axis=0) / 32512.0  # [GP]
@@ -227,7 +231,7 @@ def _score_pages_kernel(
             # int8 coefficients are exact in fp16; the (V q) factors go in as an fp16 pair (hi + lo)
             b_c = b_c.to(tl.float16)
             w_hi = b_w.to(tl.float16)
-            if FMT == 4 and COEF_PATH == 3:
+            if FMT == 4 and (COEF_PATH == 3 or COEF_PATH == 4):
                 # (V q) rounded once to fp16 (relative error 2^-11, under colwise8's int8 rounding of the
                 # coefficients, 2^-8): half the products and no hi / lo split
                 b_logit = tl.dot(b_c, w_hi)
@@ -245,8 +249,9 @@ def _score_pages_kernel(
 CHANLOG_PATHS = {"fp16": 1, "int8": 0}
 #: ``colwise8`` paths for the ``B x r`` coefficient contraction: 0 = batched fp16 products (hi + lo pair), 1 = one
 #: int8 ``(V q)_k`` product per direction and fp32 FMAs, 2 = one ``V q`` product and a broadcast sum over ``r``,
-#: 3 = the batched product with ``V q`` as one fp16 factor (no lo half: half the products, ~2^-11 relative error)
-COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3}
+#: 3 = the batched product with ``V q`` as one fp16 factor (no lo half: half the products, ~2^-11 relative error),
+#: 4 = as 3, and ``V q`` itself one fp16 product (the int8 basis converted, exact) instead of the int8 pair
+COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4}
 #: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS]]`` (``PATH`` a name of ``COEF_PATHS``): lets
 #: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
 TUNING_ENV = "LOCKS_SCORE_TUNING"

@@ -1,6 +1,7 @@
 """Page scoring alone on the GPU: the ``colwise8`` coefficient paths of ``locks_kernels.score`` (batched fp16
-products with ``V q`` as a hi + lo pair or as one fp16 factor, per-direction int8 products with fp32 FMAs, one
-product and a broadcast sum) and their tile sizes, at the GQA groups of the end-to-end shapes (GPU machine).
+products with ``V q`` as a hi + lo pair or as one fp16 factor, ``half``: also ``V q`` from one fp16 product,
+per-direction int8 products with fp32 FMAs, one product and a broadcast sum) and their tile sizes, at the GQA
+groups of the end-to-end shapes (GPU machine).
 
 Setup as ``bench_kernels.py``: bf16 keys drawn from a normal distribution in a permuted paged KV cache, summaries
 built by ``build_cache_summaries`` (budget 2048, r = 8, page 16, block 64), one bf16 query per query head; timing
@@ -33,7 +34,7 @@ SHAPES = [
     ("glm4-9b-1m", 2, 32, (1 << 20, 1 << 17)),
     ("llama3.1-8b", 8, 32, (1 << 20, 1 << 17)),
 ]
-PATHS = ("dot", "dot1", "direction", "broadcast")
+PATHS = ("dot", "dot1", "half", "direction", "broadcast")
 #: (coef_path, tile_pages, num_warps) per GQA group size
 VARIANTS = {
     16: [(p, tp, nw) for p in PATHS for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))],
