@@ -192,7 +192,7 @@ def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -
                 row["self_device_us_per_step"] = round(row["self_device_us"] / steps, 2)
                 row["cpu_us_per_step"] = round(row["cpu_us"] / steps, 2)
         if summary:
-            summary["device_busy_ms_per_step"] = round(summary["device_us_total"] / steps / 1e3, 3)
+            summary["device_busy_ms_per_step"] = round(summary["kernel_us_total"] / steps / 1e3, 3)
     return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
             "ranks": ranks}
 
@@ -648,12 +648,22 @@ def depth_fits(cells: dict) -> list[dict]:
 
 def profile_busy_ms(result: dict | None, ctx: int) -> float | None:
     """GPU kernel time per decode step (ms; first rank) of ``result``'s ``--profile-steps`` profile when it was
-    taken at ``ctx`` tokens, else None. It includes the one prefill step of the cached prompt (1 of the steps)."""
+    taken at ``ctx`` tokens, else None. It includes the one prefill step of the cached prompt (1 of the steps).
+    Device-side entries only: profiles saved before ``kernel_us_total`` existed summed every entry, eager ops and
+    launch calls too (their kernels twice); for those the top entries with CPU time are taken back out."""
     profile = (result or {}).get("profile") or {}
     ranks = profile.get("ranks") or [{}]
-    if profile.get("context") != ctx:
+    if profile.get("context") != ctx or not profile.get("decode_tokens"):
         return None
-    return ranks[0].get("device_busy_ms_per_step")
+    rank = ranks[0]
+    if "kernel_us_total" in rank:
+        total = rank["kernel_us_total"]
+    elif "device_us_total" in rank:
+        total = rank["device_us_total"] - sum(r["self_device_us"] for r in rank.get("by_device", [])
+                                              if r["self_cpu_us"] > 0)
+    else:
+        return None
+    return round(total / profile["decode_tokens"] / 1e3, 3)
 
 
 def linear_fit(points: dict[int, float]) -> tuple[float, float]:

@@ -191,7 +191,7 @@ def test_depth_fit_over_profiled_device_time(bench) -> None:
     """With profiles at two depths the fit also covers GPU kernel time per step: a 4-layer step that waits on
     the host (TPOT 5.8 ms, kernels 2.5 ms) flattens the TPOT slope, not the device one."""
     def c(layers, backend, tpot, busy, ctx=1 << 20):
-        result = {"profile": {"context": ctx, "ranks": [{"device_busy_ms_per_step": busy}]}}
+        result = {"profile": {"context": ctx, "decode_tokens": 64, "ranks": [{"kernel_us_total": busy * 64e3}]}}
         return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, True, "colwise8" if backend == "locks" else None),
                 (result, {"tpot_ms": tpot}))
     cells = dict([c(4, "flash", 5.8, 2.5), c(24, "flash", 10.4, 11.3), c(4, "locks", 5.8, 2.1),
@@ -208,6 +208,19 @@ def test_depth_fit_over_profiled_device_time(bench) -> None:
                   c(24, "locks", 9.0, 8.7)])
     (row,) = bench.depth_fits(cells)
     assert "device" not in row["fit"]
+
+
+def test_profile_busy_counts_each_kernel_once(bench) -> None:
+    """An eager op (``aten::mm``) carries its kernel's device time as well as the kernel's own entry: profiles
+    without ``kernel_us_total`` have the top entries with CPU time taken back out of ``device_us_total``."""
+    rows = [{"name": "nvjet_lm_head", "self_device_us": 300.0 * 64, "self_cpu_us": 0.0},
+            {"name": "aten::mm", "self_device_us": 300.0 * 64, "self_cpu_us": 50.0 * 64},
+            {"name": "_score_pages_kernel", "self_device_us": 700.0 * 64, "self_cpu_us": 0.0}]
+    old = {"context": 1 << 20, "decode_tokens": 64, "ranks": [{"by_device": rows, "device_us_total": 1300.0 * 64}]}
+    assert bench.profile_busy_ms({"profile": old}, 1 << 20) == pytest.approx(1.0)
+    new = {**old, "ranks": [{**old["ranks"][0], "kernel_us_total": 1000.0 * 64}]}
+    assert bench.profile_busy_ms({"profile": new}, 1 << 20) == pytest.approx(1.0)
+    assert bench.profile_busy_ms({"profile": old}, 1 << 17) is None and bench.profile_busy_ms(None, 1 << 20) is None
 
 
 def test_summarize_without_results_fails(bench, tmp_path, capsys) -> None:
@@ -264,12 +277,14 @@ def test_worker_profile_summary_totals_the_device_and_host_time() -> None:
     for _ in range(3):
         model(torch.randn(8, 64))
     summary = stop_profile_summary(model, top=5)
-    assert set(summary) == {"by_device", "by_cpu", "device_us_total", "cpu_us_total"}
+    assert set(summary) == {"by_device", "by_cpu", "device_us_total", "kernel_us_total", "cpu_us_total"}
     assert len(summary["by_cpu"]) <= 5
     cpu = [r["cpu_us"] for r in summary["by_cpu"]]
     assert cpu == sorted(cpu, reverse=True) and cpu[0] > 0
     if not torch.cuda.is_available():
-        assert summary["device_us_total"] == 0.0  # no accelerator: nothing ran on a device
+        assert summary["device_us_total"] == summary["kernel_us_total"] == 0.0  # no accelerator: nothing ran there
+    else:
+        assert 0 < summary["kernel_us_total"] <= summary["device_us_total"]
     assert summary["cpu_us_total"] >= max(r["self_cpu_us"] for r in summary["by_cpu"])
 
 

@@ -128,7 +128,9 @@ def stop_profile_summary(model, top: int = 60) -> dict:
     """In the worker: stop the profiler of :func:`start_profile`; returns ``{}`` when none runs, else
     ``by_device`` (the rows of :func:`stop_profile`), ``by_cpu`` (the ``top`` entries by inclusive CPU time:
     vLLM's ``record_function`` ranges of a step show where the host time goes), ``device_us_total`` (the sum of
-    self device time over every entry: the time some kernel ran, microseconds) and ``cpu_us_total``."""
+    self device time over every entry, microseconds), ``kernel_us_total`` (the same over device-side entries only,
+    those with no CPU time: kernels, copies; an eager op or a launch call also carries its kernels' device time,
+    so ``device_us_total`` counts those kernels twice) and ``cpu_us_total``."""
     global _PROFILER
     import torch
 
@@ -153,5 +155,6 @@ def stop_profile_summary(model, top: int = 60) -> dict:
     return {
         "by_device": by_device, "by_cpu": by_cpu,
         "device_us_total": round(sum(r["self_device_us"] for r in rows), 1),
+        "kernel_us_total": round(sum(r["self_device_us"] for r in rows if r["self_cpu_us"] == 0), 1),
         "cpu_us_total": round(sum(r["self_cpu_us"] for r in rows), 1),
     }
