@@ -17,12 +17,15 @@ other, and serves every context of the run:
 - ``--profile-steps N``: torch's profiler over N decode tokens (kernels inside the CUDA graph, device busy time per
   step against the wall time); ``--py-spy-steps N``: py-spy over N decode tokens, this process and vLLM's engine
   processes, host time per step by process and Python function (py-spy found through ``$PY_SPY``, ``PATH`` or the
-  ``bin`` folder of a ``pip install --target`` directory on ``sys.path``; carry its wheel to the GPU machine).
+  ``bin`` folder of a ``pip install --target`` directory on ``sys.path``; carry its wheel to the GPU machine);
+- ``--no-prefix-walk``: both engines with cascade attention off and vLLM 0.26's per-step walk of the running
+  request's block list cut (``locks_engine.vllm_backend.scheduler``): the host floor at 1M without that walk.
 
 Shapes: ``llama3.1-8b`` (32 layers, 32 query / 8 KV heads, D 128, hidden 4096) and ``glm4-9b-1m`` (GLM-4-9B-1M-like:
 hidden 4096, 32 query / 2 KV heads, D 128, 40 layers at full depth; Llama architecture). ``--layers`` runs shallow
 variants: the per-layer decode time is the slope of TPOT over depth, the intercept the per-step fixed cost; the
-full-depth TPOT extrapolated from them is labelled ``extrapolated``.
+full-depth TPOT extrapolated from them is labelled ``extrapolated``. With ``--profile-steps`` at two or more depths
+the summary also fits the profiled GPU kernel time per step (``fit.device``), which host waits do not flatten.
 
 Usage (GPU machine, vLLM 0.26 on PYTHONPATH; each command under 10 minutes)::
 
