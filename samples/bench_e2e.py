@@ -678,6 +678,30 @@ def linear_fit(points: dict[int, float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+#: panel title suffix by ``prefix_walk``
+WALK_NOTE = {True: "", False: ", no prefix walk"}
+
+
+def plot_panels(rows: list[dict]) -> tuple[list[tuple[str, tuple, list[dict]]], dict]:
+    """The plot's panels, ``[(kind, key, rows)]``: ``("context", (shape, prefix_walk), ...)`` for measured batch-1
+    rows at full depth, ``("depth", (shape, context, prefix_walk), ...)`` for shallower ones (two or more depths,
+    or one and a fit); and the extrapolated batch-1 rows by ``(shape, context, prefix_walk)``. Runs with and
+    without vLLM's prefix walk never share a panel."""
+    walk = lambda r: r.get("prefix_walk", True)  # noqa: E731
+    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1 and r["dense_tpot_ms"]]
+    by_context, by_depth = {}, {}
+    for r in measured:
+        if r["layers"] == SHAPES[r["shape"]]["num_hidden_layers"]:
+            by_context.setdefault((r["shape"], walk(r)), []).append(r)
+        else:
+            by_depth.setdefault((r["shape"], r["context"], walk(r)), []).append(r)
+    fits = {(r["shape"], r["context"], walk(r)): r for r in rows if r["extrapolated"] and r["batch"] == 1}
+    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k in fits}
+    panels = [("context", k, v) for k, v in sorted(by_context.items())]
+    panels += [("depth", k, v) for k, v in sorted(by_depth.items())]
+    return panels, fits
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Batch-1 TPOT of both backends: by context for shapes measured at full depth, and by depth (with the TPOT
     fit and its extrapolated full-depth point, hollow) for contexts measured at several depths."""
@@ -689,17 +713,7 @@ def plot(rows: list[dict], path: Path) -> None:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
-    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1 and r["dense_tpot_ms"]]
-    by_context, by_depth = {}, {}
-    for r in measured:
-        if r["layers"] == SHAPES[r["shape"]]["num_hidden_layers"]:
-            by_context.setdefault(r["shape"], []).append(r)
-        else:
-            by_depth.setdefault((r["shape"], r["context"]), []).append(r)
-    fits = {(r["shape"], r["context"]): r for r in rows if r["extrapolated"] and r["batch"] == 1}
-    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k in fits}
-    panels = [("context", k, v) for k, v in sorted(by_context.items())]
-    panels += [("depth", k, v) for k, v in sorted(by_depth.items())]
+    panels, fits = plot_panels(rows)
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
@@ -712,9 +726,10 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.plot(xs, [r[field] for r in pts], style, label=label)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("context (K tokens)")
-            ax.set_title(f"{key}, {SHAPES[key]['num_hidden_layers']} layers")
+            shape, walk = key
+            ax.set_title(f"{shape}, {SHAPES[shape]['num_hidden_layers']} layers" + WALK_NOTE[walk])
         else:
-            shape, ctx = key
+            shape, ctx, walk = key
             pts = sorted(pts, key=lambda r: r["layers"])
             fit = fits.get(key)
             prefixes = {"dense_tpot_ms": "dense", "locks_tpot_ms": "locks"}
@@ -728,7 +743,7 @@ def plot(rows: list[dict], path: Path) -> None:
             size = f"{ctx >> 20}M" if ctx >= 1 << 20 else f"{ctx >> 10}K"
             flagged = fit and fit["fit"]["dense_slope_below_floor"]
             note = "\n(fit flagged: a host-bound depth)" if flagged else ""
-            ax.set_title(f"{shape} at {size} tokens, by depth{note}")
+            ax.set_title(f"{shape} at {size} tokens, by depth{WALK_NOTE[walk]}{note}")
             ax.set_xlim(left=0)
         ax.set_ylabel("TPOT (ms), batch 1")
         ax.set_ylim(bottom=0)

@@ -6,8 +6,6 @@ the summary in the issue's format, and the depth fit (per-layer slope, fixed cos
 
 from __future__ import annotations
 
-import importlib.util
-
 import json
 
 import pytest
@@ -165,12 +163,28 @@ def test_summarize_pairs_runs_without_the_prefix_walk_with_each_other(bench, tmp
 def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
     """The flag goes on to every engine child; without it the engines get vLLM's defaults."""
     assert bench.prefix_walk_kwargs(False) == {}
-    if importlib.util.find_spec("vllm") is not None:
-        from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
-
-        assert bench.prefix_walk_kwargs(True) == {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
     assert "--no-prefix-walk" in bench.child_args(bench.build_parser().parse_args(["--no-prefix-walk"]))
     assert "--no-prefix-walk" not in bench.child_args(bench.build_parser().parse_args([]))
+
+
+def test_prefix_walk_cut_names_the_scheduler(bench) -> None:
+    pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
+    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+
+    assert bench.prefix_walk_kwargs(True) == {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
+
+
+def test_plot_panels_keep_runs_without_the_prefix_walk_apart(bench) -> None:
+    row = lambda layers, ctx, **k: {"shape": "glm4-9b-1m", "layers": layers, "context": ctx, "batch": 1,  # noqa: E731
+                                    "extrapolated": False, "dense_tpot_ms": 1.0, **k}
+    rows = [row(4, 1 << 20), row(24, 1 << 20), row(4, 1 << 20, prefix_walk=False), row(24, 1 << 20, prefix_walk=False),
+            row(40, 1 << 17), row(40, 1 << 18, prefix_walk=False),
+            {**row(40, 1 << 20, prefix_walk=False), "extrapolated": True}]
+    panels, fits = bench.plot_panels(rows)
+    keys = [(kind, key, len(rs)) for kind, key, rs in panels]
+    assert keys == [("context", ("glm4-9b-1m", False), 1), ("context", ("glm4-9b-1m", True), 1),
+                    ("depth", ("glm4-9b-1m", 1 << 20, False), 2), ("depth", ("glm4-9b-1m", 1 << 20, True), 2)]
+    assert list(fits) == [("glm4-9b-1m", 1 << 20, False)]
 
 
 def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
