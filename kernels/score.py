@@ -252,20 +252,35 @@ CHANLOG_PATHS = {"fp16": 1, "int8": 0}
 #: 3 = the batched product with ``V q`` as one fp16 factor (no lo half: half the products, ~2^-11 relative error),
 #: 4 = as 3, and ``V q`` itself one fp16 product (the int8 basis converted, exact) instead of the int8 pair
 COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4}
+
+
+def default_tuning(groups: int, summary_format: str) -> tuple[str, int]:
+    """``(coef_path, tile_pages)`` of the score kernel, the fastest measured for a GQA group size.
+
+    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-02; us for one
+    layer at batch 1, against the former default ``dot``): G = 16 ``dot1`` 16 pages 122 vs 133 at 1M, 24.2 vs 25.4
+    at 128K; G = 4 ``half`` 16 pages 348 vs 384 (``dot`` 32 pages) at 1M, 55.4 vs 62.3 at 128K. G <= 4 takes G = 4's
+    choice, larger groups G = 16's. ``coef_path`` only matters for ``colwise8``; the other formats keep their tiles
+    (16 pages for ``chanlog`` and for groups over 4, else 32)."""
+    if summary_format == "colwise8":
+        return ("half", 16) if groups <= 4 else ("dot1", 16)
+    return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32
+
+
 #: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS]]`` (``PATH`` a name of ``COEF_PATHS``): lets
 #: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
 TUNING_ENV = "LOCKS_SCORE_TUNING"
 
 
-def score_tuning() -> tuple[str, int | None, int | None]:
-    """``(coef_path, tile_pages, num_warps)`` of the score kernel: ``$LOCKS_SCORE_TUNING`` if
-    set (fields it leaves out are None: the caller's or the kernel's defaults), else the measured defaults.
+def score_tuning() -> tuple[str | None, int | None, int | None]:
+    """``(coef_path, tile_pages, num_warps)`` of the score kernel from ``$LOCKS_SCORE_TUNING``; fields it leaves
+    out, and all three when it is unset, are None (the caller's arguments, then ``default_tuning``, decide).
 
     Raises:
         ValueError: on an override that does not parse."""
     override = os.environ.get(TUNING_ENV, "").strip()
     if not override:
-        return "dot", None, None
+        return None, None, None
     path, *ints = [f.strip() for f in override.split(",")]
     if path not in COEF_PATHS or len(ints) > 2 or not all(f.isdecimal() and int(f) > 0 for f in ints):
         raise ValueError(f"{TUNING_ENV}={override!r}: expected PATH[,TILE_PAGES[,NUM_WARPS]] with PATH one of "
@@ -296,8 +311,9 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     if chanlog and chanlog_path == "int8":
         tile_pages = tile_pages or 8
     tuned_path, tuned_tile, tuned_warps = score_tuning()
-    coef_path = coef_path or tuned_path
-    tile_pages = tile_pages or tuned_tile or (16 if chanlog else 32 if groups <= 4 else 16)
+    default_path, default_tile = default_tuning(groups, store.summary_format)
+    coef_path = coef_path or tuned_path or default_path
+    tile_pages = tile_pages or tuned_tile or default_tile
     num_warps = num_warps or tuned_warps or 4
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
@@ -363,14 +379,16 @@ def score_pages(
         page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
         scale (float | None): softmax scale, default ``D ** -0.5``.
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
-        tile_pages, num_warps (int | None): pages per program (default 32, 16 for groups over 4 and for
-            ``chanlog``; 8 for ``chanlog_path="int8"``, whose query is per page) and warps per program (default 4);
-            tuning only, defaults overridden by ``$LOCKS_SCORE_TUNING`` (``score_tuning``).
+        tile_pages, num_warps (int | None): pages per program (default ``default_tuning``'s: 16 for
+            ``colwise8``, ``chanlog`` and groups over 4, else 32; 8 for ``chanlog_path="int8"``, whose query is
+            per page) and warps per program (default 4); tuning only, defaults overridden by
+            ``$LOCKS_SCORE_TUNING`` (``score_tuning``).
         chanlog_path (str): how ``chanlog`` computes ``V q``: ``"fp16"`` (basis dequantized in registers as an
             fp16 pair, one product for the tile) or ``"int8"`` (scales folded into a per-page fixed-point
             query); tuning only, equal results within rounding.
         coef_path (str | None): how ``colwise8`` contracts the ``B x r`` coefficients with ``V q`` (a name of
-            ``COEF_PATHS``; default ``score_tuning``'s); tuning only, equal results within rounding.
+            ``COEF_PATHS``; default ``default_tuning``'s: ``half`` for groups up to 4, else ``dot1``, both of
+            which round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
