@@ -1,0 +1,131 @@
+"""Static look at the score kernel for sm_90 without a GPU: registers, spills, shared memory and SASS
+warp-instructions per page and KV head for each ``colwise8`` coefficient path and tile (CPU machine).
+
+Compiles ``locks_kernels.score._score_pages_kernel`` with Triton for ``GPUTarget("cuda", 90, 32)``, pointers and
+the query strides specialized as divisible by 16 (as the JIT does for real tensors), runs Triton's bundled
+``ptxas -v`` for the register and spill counts and ``cuobjdump -sass`` for the instruction mix. Warp-instructions
+per page-head = static instructions x warps / pages per program (the kernel has no loops). These are counts, not
+times: on the H200 (``kernels/NOTES.md``, 2026-12-02) the time at G = 16 tracked them within a path
+(``dot`` 546 -> 133 us at 1M, ``dot1`` 520 -> 122 us) but not across tiles (occupancy) or across paths that lean
+on the quarter-rate conversion units (``half``: I2F).
+
+Usage::
+
+    python samples/score_sass.py                       # the default grid of (G, pages, path)
+    python samples/score_sass.py --groups 16 --tiles 8,16 --paths dot1,half --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIGNATURE = {
+    "q_ptr": "*bf16", "centroid_ptr": "*i8", "basis_ptr": "*i8", "coeffs_ptr": "*i8", "centroid_scale_ptr": "*fp16",
+    "basis_scale_ptr": "*fp16", "coeffs_scale_ptr": "*fp16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
+    "out_ptr": "*fp32", "stride_qs": "i32", "stride_qh": "i32", "stride_bt": "i32", "stride_os": "i32",
+    "stride_oh": "i32", "scale": "fp32", "H": "i32", "PMAX": "i32",
+}
+DIVISIBLE_BY_16 = list(range(10)) + [10, 11]  # the pointers and the query's strides (H * D, D)
+
+
+def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
+            page_size: int = 16, top: int = 12) -> dict:
+    """One compile of the ``colwise8`` score kernel for sm_90a.
+
+    Returns:
+        dict: ``registers`` (per thread), ``spill_stores_bytes``, ``shared_bytes``, ``sass_instructions`` (static,
+        per warp), ``warp_instr_per_page_head`` and ``top`` opcode counts.
+    Raises:
+        RuntimeError: when ptxas fails or its report has no register count."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from locks_kernels.score import COEF_PATHS, _score_pages_kernel
+
+    gp = max(2, triton.next_power_of_2(groups))
+    rp = triton.next_power_of_2(rank)
+    consts = dict(B=page_size, D=head_dim, R=rank, RP=rp, KP=max(16, rp), G=groups, GP=gp, PPB=4, TP=tile_pages,
+                  FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path])
+    signature = SIGNATURE | {k: "constexpr" for k in consts}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in DIVISIBLE_BY_16}
+    kernel = triton.compile(ASTSource(_score_pages_kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps})
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        ptx.write_text(kernel.asm["ptx"])
+        report = subprocess.run([str(bin_dir / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(cubin)],
+                                capture_output=True, text=True)
+        regs = re.search(r"Used (\d+) registers", report.stderr)
+        if report.returncode or not regs:
+            raise RuntimeError(f"ptxas failed: {report.stderr.strip()[-300:]}")
+        spill = re.search(r"(\d+) bytes spill stores", report.stderr)
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    mix = collections.Counter(op.split(".")[0] for op in ops)
+    return {"groups": groups, "tile_pages": tile_pages, "coef_path": coef_path, "num_warps": num_warps,
+            "registers": int(regs.group(1)), "spill_stores_bytes": int(spill.group(1)) if spill else 0,
+            "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops),
+            "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1), "top": dict(mix.most_common(top))}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--groups", type=_ints, default=[4, 16], help="comma list of query heads per KV head")
+    ap.add_argument("--tiles", type=_ints, default=[16, 32], help="comma list of pages per program")
+    ap.add_argument("--paths", default="dot,dot1,half", help="comma list of colwise8 coefficient paths")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args()
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("error: triton is not installed (pip install triton==3.6.0)", file=sys.stderr)
+        return 2
+    from locks_kernels.score import COEF_PATHS
+
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = [p for p in paths if p not in COEF_PATHS]
+    if unknown:
+        print(f"error: unknown coefficient path(s) {', '.join(unknown)}; allowed {', '.join(COEF_PATHS)}",
+              file=sys.stderr)
+        return 2
+    rows = []
+    print("| G | pages | path | registers | spill B | shared B | warp-instr / page-head | top opcodes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for groups in args.groups:
+        for tile in args.tiles:
+            for path in paths:
+                try:
+                    row = analyse(groups, tile, path, args.warps)
+                except Exception as exc:  # a tile the compiler refuses: report it and go on
+                    print(f"| {groups} | {tile} | {path} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
+                    continue
+                rows.append(row)
+                mix = ", ".join(f"{k} {v}" for k, v in list(row["top"].items())[:6])
+                print(f"| {groups} | {tile} | {path} | {row['registers']} | {row['spill_stores_bytes']} | "
+                      f"{row['shared_bytes']} | {row['warp_instr_per_page_head']} | {mix} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
