@@ -84,8 +84,53 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     fixes = "; " + " or ".join(ways) + ", or use" if ways else ": not one page fits; use"
     raise ContextError(
         f"{document.source}: {prompt.document_tokens:,} document tokens + {overhead:,} prompt tokens + {max_tokens:,} "
-        f"for the answer do not fit the model's {max_context:,}-token context{fixes} a larger --context or a "
+        f"for the answer do not fit the {max_context:,}-token context{fixes} a larger --context or a "
         "larger-context --model"
+    )
+
+
+#: characters a token stands for, at most, in the prefix test of :func:`refuse_from_a_prefix` (natural text
+#: averages 3-5 with the models' tokenizers; the margin keeps the test from ever deciding for a document that fits)
+MAX_CHARS_PER_TOKEN = 32
+
+
+def refuse_from_a_prefix(tokenizer: Any, document: Document, max_context: int, max_tokens: int) -> None:
+    """Refuse a document far too long for the context by tokenizing a prefix of its text, not all of it.
+
+    Counting a whole 300 MB text exactly holds its tokens and their offsets in memory (tens of GB) for minutes;
+    when the text has more than ``max_context * MAX_CHARS_PER_TOKEN`` characters, its first that many characters
+    are tokenized, and if they alone hold more than ``max_context - max_tokens`` tokens the document cannot fit.
+    The message gives the whole document's tokens as an estimate from that prefix (labelled so) and a
+    ``--pages`` range of the prefix's pages that fits. Shorter or unusually dense texts return, for the exact
+    count of :func:`check_fits`.
+
+    Raises:
+        ContextError: the prefix alone does not fit.
+    """
+    limit = max_context * MAX_CHARS_PER_TOKEN
+    pages = [page for page in document.pages if page.text]
+    total = sum(len(page.text) for page in pages)
+    if total <= limit:
+        return
+    prefix, chars = [], 0
+    for page in pages:
+        prefix.append(page)
+        chars += len(page.text) + 2
+        if chars >= limit:
+            break
+    text = "\n\n".join(page.text for page in prefix)[:limit]
+    tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    room = max_context - max_tokens
+    if tokens <= room:
+        return
+    per_page = tokens / len(text) * sum(len(page.text) for page in prefix) / len(prefix)  # tokens, estimated
+    fit = int(room * 0.9 // per_page)
+    ways = f"; pass --pages with about {fit} pages (e.g. --pages {_range(pages[:fit])}) or use" if fit else \
+        ": not one page fits; use"
+    raise ContextError(
+        f"{document.source}: about {int(total * tokens / len(text)):,} document tokens (estimated from its first "
+        f"{len(text):,} of {total:,} characters, which alone hold {tokens:,}) do not fit the {max_context:,}-token "
+        f"context{ways} a larger --context or a larger-context --model"
     )
 
 
@@ -98,8 +143,10 @@ def fitting_prompt(
         engine: a :class:`ChatEngine`, or a :class:`locks_chat.engine.ModelTokenizer` to check before the engine
             starts (same tokenizer, same template: the same count).
     Raises:
-        ContextError: see :func:`check_fits`.
+        ContextError: see :func:`check_fits` and :func:`refuse_from_a_prefix` (a text far too long, refused
+            from a prefix without tokenizing all of it).
     """
+    refuse_from_a_prefix(engine.tokenizer, document, engine.max_context, max_tokens)
     prompt = build_prompt(engine.tokenizer, document, questions, list(answers))
     check_fits(prompt, document, engine.max_context, max_tokens)
     return prompt

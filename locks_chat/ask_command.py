@@ -85,15 +85,18 @@ def run_ask(
         return
     print()
     summary = result.reading.summary()
-    steps = max(1, summary["decode_steps"])
-    read = f"{summary['kv_pages_read_fraction']:.0%} of KV pages" if summary["decode_steps"] else "no decode step"
+    steps = summary["decode_steps"]
+    if steps:
+        read = (f"read {summary['kv_pages_read_fraction']:.0%} of KV pages ({summary['kv_bytes_read'] / steps / 1e6:.1f}"
+                f" of {summary['kv_bytes_dense'] / steps / 1e6:.1f} MB per token)")
+    else:
+        read = "no decode step"  # the one token came from the prefill
     tpot = f"{result.tpot_ms:.0f} ms" if result.tpot_ms is not None else "-"  # one token has no TPOT
     pages_read = ", ".join(p["page"] for p in summary["document_pages_read"][:12]) or "-"
+    tokens = f"{result.generated_tokens} token{'' if result.generated_tokens == 1 else 's'}"
     console.print(
-        f"[dim]{result.generated_tokens} tokens · prompt {result.prompt_tokens:,} tokens · TTFT "
-        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot} · read {read} "
-        f"({summary['kv_bytes_read'] / steps / 1e6:.1f} of {summary['kv_bytes_dense'] / steps / 1e6:.1f} MB per token) · "
-        f"document pages read: {pages_read}[/]",
+        f"[dim]{tokens} · prompt {result.prompt_tokens:,} tokens · TTFT {(result.ttft_ms or 0) / 1000:.1f} s · "
+        f"TPOT {tpot} · {read} · document pages read: {pages_read}[/]",
         highlight=False, soft_wrap=True,
     )
     if result.finish_reason == "length":

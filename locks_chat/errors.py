@@ -8,6 +8,8 @@ wrong and the next step, on one line, e.g.
 
 from __future__ import annotations
 
+import textwrap
+
 
 class LocksChatError(Exception):
     """Base of the errors a user can cause and fix.
@@ -42,8 +44,18 @@ class PageRangeError(LocksChatError):
 
 
 def exception_reason(exc: BaseException, limit: int = 120) -> str:
-    """A library exception squeezed into a short fragment for a one-line message."""
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:limit]
+    """A library exception squeezed into a short fragment for a one-line message: whitespace collapsed, cut at a
+    word boundary with ``...`` past ``limit`` characters; a ``KeyError``'s message without its quotes."""
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else str(exc)
+    return shorten_reason(text, limit) or type(exc).__name__
+
+
+def shorten_reason(text: str, limit: int = 120) -> str:
+    """``text`` on one line, cut at a word boundary with ``...`` when longer than ``limit`` characters."""
+    short = textwrap.shorten(text, width=limit, placeholder="...", break_on_hyphens=False)
+    if short == "..." and text.strip():  # one word longer than the limit: cut inside it
+        short = " ".join(text.split())[: max(1, limit - 3)] + "..."
+    return short
 
 
 class ContextError(LocksChatError):

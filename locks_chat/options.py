@@ -24,11 +24,19 @@ def _pages_given(value: Optional[str]) -> Optional[str]:
     return value
 
 
+def _model_given(value: Optional[str]) -> Optional[str]:
+    """A blank ``--model`` (an unset shell variable, say) is refused rather than read as the current directory."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("empty: give a model directory or hub id, or leave --model out for the built-in one")
+    return value
+
+
 Pages = Annotated[
     Optional[str],
     typer.Option(
         "--pages",
-        help="Page range to read: 40-80, iv-x, 12 (printed labels where the PDF has them; #3-9: physical pages).",
+        help="Page range to read: 40-80, iv-x, 12, 40- (to the end), -12 (from the start), 1-5,9 (printed labels "
+        "where the PDF has them; #3-9: physical pages).",
         show_default=False,
         callback=_pages_given,
     ),
@@ -45,6 +53,7 @@ Model = Annotated[
             "(offline)."
         ),
         show_default=False,
+        callback=_model_given,
     ),
 ]
 Budget = Annotated[

@@ -79,7 +79,8 @@ class ReadingLog:
         return reading
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready totals: pages per step vs total, KV bytes read vs dense, document pages read."""
+        """JSON-ready totals: pages per step vs total, KV bytes read vs dense, document pages read; the per-step
+        figures and the fraction are None (JSON null) when no decode step ran (a one-token answer)."""
         read = sum(s.pages_read for s in self.steps)
         total = sum(s.pages_total for s in self.steps)
         counts: dict[str, int] = {}
@@ -88,9 +89,9 @@ class ReadingLog:
                 counts[page.label] = counts.get(page.label, 0) + 1
         return {
             "decode_steps": len(self.steps),
-            "kv_pages_read_per_step": read / len(self.steps) if self.steps else 0.0,
-            "kv_pages_total_per_step": total / len(self.steps) if self.steps else 0.0,
-            "kv_pages_read_fraction": read / total if total else 0.0,
+            "kv_pages_read_per_step": read / len(self.steps) if self.steps else None,
+            "kv_pages_total_per_step": total / len(self.steps) if self.steps else None,
+            "kv_pages_read_fraction": read / total if total else None,
             "kv_bytes_read": self.bytes_read,
             "kv_bytes_dense": self.bytes_dense,
             "document_pages_read": [{"page": label, "steps": n} for label, n in counts.items()],

@@ -77,4 +77,4 @@ def test_a_document_that_cannot_fit_is_refused_before_the_engine_starts(fact_pdf
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=fact_pdf.parent, env=env)
     assert done.returncode == 2, done.stderr[-2000:]
     [line] = done.stderr.strip().splitlines()
-    assert "do not fit the model's 300-token context" in line and "--max-tokens" in line
+    assert "do not fit the 300-token context" in line and "--max-tokens" in line

@@ -97,7 +97,7 @@ def test_a_document_that_cannot_fit_is_refused_before_the_engine_starts(tmp_path
     chat = BookChat(write_book(tmp_path), ChatOptions(settings=settings), factory, tokenizer_factory=counted)
     chat.open_session()
     chat.load(None)
-    with pytest.raises(ContextError, match="do not fit the model's 300-token context; pass --pages"):
+    with pytest.raises(ContextError, match="do not fit the 300-token context; pass --pages"):
         chat.check_fits()
     chat.load("1")
     chat.check_fits("What is the password?")

@@ -105,7 +105,7 @@ def test_document_that_does_not_fit_exits_2(book, engine):
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 2
     # its one 570-token page cannot fit beside the prompt and the answer, whatever --pages says
-    assert "do not fit the model's 300-token context: not one page fits; use a larger --context" in result.stderr
+    assert "do not fit the 300-token context: not one page fits; use a larger --context" in result.stderr
 
 
 def test_document_that_cannot_fit_is_refused_before_the_engine_starts(book, engine, tokenizer, monkeypatch):
@@ -117,7 +117,7 @@ def test_document_that_cannot_fit_is_refused_before_the_engine_starts(book, engi
     before_start = runner.invoke(app, ["ask", str(book), "q", "--context", "300"])
     assert before_start.exit_code == 2
     assert before_start.stderr == after_start.stderr, "the early refusal says what the engine's would"
-    assert "do not fit the model's 300-token context" in before_start.stderr
+    assert "do not fit the 300-token context" in before_start.stderr
     assert len(before_start.stderr.strip().splitlines()) == 1 and "Traceback" not in before_start.output
     assert tokenizer.calls[-1] == (None, 300)
 
@@ -208,12 +208,13 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["ask", "{book}", "q", "--budget", "0"], "Invalid value for '--budget'"),
         (["ask", "{book}", "q", "--budget", "16"], "greater than or equal to 48"),
         (["ask", "{book}", "q", "--pages", " "], "leave --pages out to read every page"),
+        (["ask", "{book}", "q", "--model", ""], "leave --model out for the built-in one"),
         (["ask", "{book}", "q", "--max-tokens", "x"], "Invalid value for '--max-tokens'"),
         (["ask", "{book}"], "Missing argument 'QUESTION'"),
         (["ask", "{book}", "q", "--bogus"], "No such option: --bogus"),
         (["sessions", "show", "x"], "Invalid value for 'session_id'"),
     ],
-    ids=["range", "budget_below_forced_pages", "blank_pages", "not_a_number", "missing_argument", "unknown_option", "sessions_id"],
+    ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument", "unknown_option", "sessions_id"],
 )
 def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monkeypatch, capsys):
     """Typer's own usage errors (found before any command runs) go through ``main``: one line naming the help."""
@@ -285,3 +286,19 @@ def test_a_prompt_that_leaves_no_room_for_a_page_names_what_to_cut(book, engine,
     result = runner.invoke(app, ["ask", str(book), question, "--max-tokens", str(max_tokens)])
     assert result.exit_code == 2 and expected in result.stderr, result.stderr
     assert "--pages" not in result.stderr
+
+
+def test_a_one_token_answer_has_no_decode_step_figures(book, engine, monkeypatch):
+    """The one token comes from the prefill: no TPOT, no pages-read figures (JSON null), "1 token"."""
+    from tests.fakes import Event
+
+    def prefill_only(prompt_ids, max_tokens, cancel=None):
+        yield Event("BLUE", 1, True, "length", 0.5, [])  # no decode step recorded
+
+    monkeypatch.setattr(engine, "stream", prefill_only)
+    result = runner.invoke(app, ["ask", str(book), "What is the password?", "--max-tokens", "1"])
+    assert result.exit_code == 0, result.output
+    assert "1 token · prompt" in result.stderr and "TPOT -" in result.stderr and "no decode step ·" in result.stderr
+    assert "MB per token" not in result.stderr
+    data = json.loads(runner.invoke(app, ["ask", str(book), "q", "--max-tokens", "1", "--json"]).stdout)["stats"]
+    assert data["decode_steps"] == 0 and data["kv_pages_read_fraction"] is None

@@ -102,3 +102,13 @@ def test_a_damaged_package_is_one_line_without_the_librarys_internals(tmp_path):
         load_document(path)
     assert "not a readable EPUB (its package or table of contents is damaged)" in caught.value.message
     assert "NoneType" not in caught.value.message
+
+
+def test_library_reasons_are_cut_at_a_word_and_marked():
+    from locks_chat.errors import exception_reason
+
+    missing = KeyError("There is no item named 'META-INF/container.xml' in the archive")
+    assert exception_reason(missing, 100) == "There is no item named 'META-INF/container.xml' in the archive"
+    assert exception_reason(missing, 40) == "There is no item named..."
+    assert exception_reason(ValueError("   ")) == "ValueError"
+    assert exception_reason(FileNotFoundError("/a/" + "x" * 200), 30) == "/a/" + "x" * 24 + "..."

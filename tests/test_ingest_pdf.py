@@ -196,3 +196,12 @@ def test_progress_reports_every_page(book_pdf):
     calls = []
     load_document(book_pdf, pages="2-4", progress=lambda done, total: calls.append((done, total)))
     assert calls == [(0, 3), (1, 3), (2, 3), (3, 3)]
+
+
+def test_pypdf_problems_are_shown_as_plain_text():
+    from locks_chat.ingest.pdf import _plain_problem
+
+    raw = "PdfReadError(\"Invalid Elementary Object starting with b'\\\\n' @52: b'tato) Tj\\\\nET\\\\n<< /oops\\\\n'\")"
+    assert _plain_problem(raw) == "Invalid Elementary Object starting with..."
+    assert _plain_problem("Ignoring wrong pointing object 6 0 (offset 0)") == "Ignoring wrong pointing object 6 0 (offset 0)"
+    assert len(_plain_problem("word " * 40)) <= 80 and _plain_problem("word " * 40).endswith("word...")

@@ -112,3 +112,49 @@ def test_cancel_aborts_the_request():
     with pytest.raises(Cancelled):
         ask(engine, doc, ["q"], on_text=lambda _: cancel.set(), cancel=cancel)
     assert engine.aborted == 1
+
+
+class _CountingTokenizer(WordTokenizer):
+    """WordTokenizer that remembers the length of every text it tokenizes."""
+
+    def __init__(self):
+        self.lengths = []
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        self.lengths.append(len(text))
+        return super().__call__(text, add_special_tokens, return_offsets_mapping)
+
+
+class _Engine:
+    def __init__(self, max_context):
+        self.tokenizer, self.max_context = _CountingTokenizer(), max_context
+
+
+def test_a_text_far_too_long_is_refused_from_a_prefix_without_tokenizing_it_all():
+    from locks_chat.ask import MAX_CHARS_PER_TOKEN, fitting_prompt
+
+    doc = make_doc([" ".join(["word"] * 400)] * 500)  # 1M characters, ~400K tokens
+    engine = _Engine(max_context=2048)
+    with pytest.raises(ContextError) as err:
+        fitting_prompt(engine, doc, ["q"], max_tokens=256)
+    assert engine.tokenizer.lengths and max(engine.tokenizer.lengths) <= 2048 * MAX_CHARS_PER_TOKEN
+    message = str(err.value)
+    assert "estimated from its first 65,536 of" in message and "2,048-token context" in message
+    estimate = int(message.split("about ")[1].split(" document tokens")[0].replace(",", ""))
+    assert abs(estimate - 500 * 799) / (500 * 799) < 0.01  # 400 words and 399 spaces a page
+    fit = int(message.split("--pages with about ")[1].split(" pages")[0])
+    assert f"--pages 1-{fit}" in message
+    # the suggested pages fit (no ContextError)
+    assert fitting_prompt(_Engine(2048), make_doc([" ".join(["word"] * 400)] * fit), ["q"], max_tokens=256).pages
+
+
+def test_a_long_but_dense_text_is_counted_exactly():
+    """Past the prefix length but few tokens (whitespace runs are one token here): no refusal from the prefix;
+    the exact count decides."""
+    from locks_chat.ask import MAX_CHARS_PER_TOKEN, fitting_prompt
+
+    doc = make_doc(["a" + " " * 999] * 100)  # 100K characters, ~900 tokens with the page markers
+    assert sum(len(p.text) for p in doc.pages) > 2048 * MAX_CHARS_PER_TOKEN
+    engine = _Engine(max_context=2048)
+    prompt = fitting_prompt(engine, doc, ["q"], max_tokens=16)
+    assert prompt.document_tokens < 2048 and max(engine.tokenizer.lengths) > 2048 * MAX_CHARS_PER_TOKEN

@@ -265,7 +265,7 @@ async def test_a_book_that_cannot_fit_is_said_when_it_loads_without_waiting_for_
             screen = app.screen
             await until(pilot, lambda: notices(app, "error"), what="the early error")
             [error] = notices(app, "error")
-            assert "do not fit the model's 300-token context" in error and "/pages" in error
+            assert "do not fit the 300-token context" in error and "/pages" in error
             assert screen.engine_starting.is_set()
             prompt = screen.query_one(PromptInput)
             prompt.value = "Too long?"

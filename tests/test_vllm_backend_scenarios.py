@@ -339,3 +339,20 @@ def test_amx_reader_reads_what_vllms_writer_wrote() -> None:
         compat.check_cpu_layout(head_size, torch.bfloat16, 3, block_size)
     assert compat.cpu_isa(64, torch.bfloat16, 32) == "amx" and compat.cpu_isa(64, torch.float32, 32) == "vec"
     assert compat.cpu_isa(64, torch.bfloat16, 32, allow_amx=False) == "vec"
+
+
+def test_reads_all_counts_the_longest_rows_pages_not_the_block_table_width() -> None:
+    """A 2,447-token sequence in 128-token blocks is 153 pages in a block table 160 pages wide: at a budget of 128
+    pages, scoring 153 summaries and reading 128 pages costs more than reading the 153 pages, so every page is read.
+    Whenever it ranks, the summaries plus the budget's pages are fewer bytes than every page's K+V."""
+    from locks_engine.vllm_backend.impl import longest_pages, reads_all
+
+    cfg, s = LocksConfig(budget=2048), 0.176  # 128 pages; colwise8's summary / K+V at r = 8
+    assert longest_pages(torch.tensor([2447, 40], dtype=torch.int32), 16) == 153
+    assert longest_pages(torch.tensor([], dtype=torch.int32), 16) == 0
+    assert not reads_all(cfg, 160, s)  # by the table's width alone it would rank
+    assert reads_all(cfg, 160, s, 153)
+    for n in range(1, 400):
+        for pmax in (n, n + 7):
+            if not reads_all(cfg, pmax, s, n):
+                assert n * s + min(cfg.budget_pages, n) < n, (n, pmax)

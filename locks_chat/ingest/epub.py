@@ -113,7 +113,7 @@ def _refuse_drm(data: bytes, source: str) -> None:
 def _damaged(exc: BaseException) -> str:
     """A reason for a library failure that is no message of its own (``'NoneType' object has no attribute``)."""
     if isinstance(exc, (KeyError, FileNotFoundError)):
-        return f"a file it lists is missing: {exception_reason(exc, 60)}"
+        return f"a file it lists is missing: {exception_reason(exc, 100)}"
     if isinstance(exc, (AttributeError, TypeError, ValueError, IndexError)):
         return "its package or table of contents is damaged"
     return exception_reason(exc)

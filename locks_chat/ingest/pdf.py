@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
-from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason
+from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason, shorten_reason
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.load import unused_password_warning
 from locks_chat.ingest.normalize import normalize_text
@@ -71,7 +71,7 @@ def read_pdf(
         lost_text = f"; {_pages_name(lost, labels)}: no text, possibly lost" if lost else ""
         warnings.insert(0, f"truncated or damaged PDF: read the objects that remained{lost_text}")
     elif problems:
-        shown = "; ".join(p[:100] for p in problems[:3])
+        shown = "; ".join(_plain_problem(p) for p in problems[:3])
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         warnings.insert(0, f"damaged PDF structure repaired by the reader: {shown}{more}")
     if not any(page.text for page in raw_pages):
@@ -253,6 +253,15 @@ def _no_text_message(
     if pages:
         return f"{where}: no text on these pages; choose other --pages ({describe_pages(labels)})"
     return f"{where}: no extractable text on any page; pass a PDF with a text layer"
+
+
+def _plain_problem(message: str) -> str:
+    """One of pypdf's log messages for a warning: an exception's repr (``PdfReadError("...")``) unwrapped to its
+    text, the raw bytes and stream offsets it quotes cut off, at most 80 characters (cut at a word boundary)."""
+    wrapped = re.fullmatch(r"\w+(?:Error|Exception|Warning)\(([\x22'])(.*)\1\)", message)
+    text = wrapped.group(2) if wrapped else message
+    plain = re.split(r"\s(?:b[\x22']|@\d)", text, maxsplit=1)[0].rstrip(" :,")  # no raw bytes or offsets
+    return shorten_reason(plain if plain == text else plain + "...", 80)
 
 
 @contextlib.contextmanager

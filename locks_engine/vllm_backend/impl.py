@@ -238,7 +238,8 @@ class LocksAttentionImpl(AttentionImpl):
         if k_cache.is_cuda:
             every_page = covers_all(cfg, pmax)
         else:
-            every_page = reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype))
+            every_page = reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype),
+                                   longest_pages(seq_lens, cfg.page_size))
         scored = 0 if every_page else int((seq_lens.long() // cfg.page_size).sum())
         return selected, num_pages, scored
 
@@ -246,7 +247,7 @@ class LocksAttentionImpl(AttentionImpl):
         """``select_pages`` of the ops over their ``score_pages``, trimmed; every page, unscored, where that reads
         fewer bytes (``reads_all``)."""
         pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
-        if reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype)):
+        if reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype), longest_pages(seq_lens, cfg.page_size)):
             scores = torch.zeros(q.shape[0], self.num_heads, pmax, device=q.device)  # looked at for its shape only
             every = dataclasses.replace(cfg, dense=True)
             return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, every))
@@ -269,13 +270,22 @@ def covers_all(cfg, pmax: int) -> bool:
     return cfg.dense or cfg.budget_pages >= pmax
 
 
-def reads_all(cfg, pmax: int, summary_fraction: float) -> bool:
-    """``covers_all``, or a budget so close to the ``pmax`` pages that scoring would cost more memory traffic than
-    reading every page: ``pmax * s + K * p >= pmax * p`` (summaries of every page plus ``K`` pages against every
-    page's K+V, ``s / p = summary_fraction``), i.e. ``K >= pmax * (1 - summary_fraction)``. Exact attention then
-    reads fewer bytes than LOCKS would. The CPU path only: on CUDA the grids are sized by ``max_model_len``
-    (CUDA graphs), and this test would need the sequence lengths on the host."""
-    return covers_all(cfg, pmax) or cfg.budget_pages >= pmax * (1.0 - summary_fraction)
+def reads_all(cfg, pmax: int, summary_fraction: float, num_pages: int | None = None) -> bool:
+    """``covers_all``, or a budget so close to the ``n`` pages of the longest sequence that scoring would cost more
+    memory traffic than reading every page: ``n * s + K * p >= n * p`` (summaries of every page plus ``K`` pages
+    against every page's K+V, ``s / p = summary_fraction``), i.e. ``K >= n * (1 - summary_fraction)``. Exact
+    attention then reads fewer bytes than LOCKS would, for that sequence and every shorter one. ``n`` is
+    ``num_pages`` (pages of the longest sequence, its partial last page included) or, without it, the ``pmax``
+    pages the block table spans, which may be a block's worth more. The CPU path only: on CUDA the grids are
+    sized by ``max_model_len`` (CUDA graphs), and this test would need the sequence lengths on the host."""
+    pages = pmax if num_pages is None else min(pmax, num_pages)
+    return covers_all(cfg, pmax) or cfg.budget_pages >= pages * (1.0 - summary_fraction)
+
+
+def longest_pages(seq_lens: Tensor, page_size: int) -> int:
+    """Pages of the longest of ``seq_lens`` `[S]` (tokens), a partial last page counted; 0 for no sequence.
+    Reads the lengths on the host (the CPU path)."""
+    return -(-int(seq_lens.max()) // page_size) if seq_lens.numel() else 0
 
 
 def _config_flag(key: str) -> bool:
