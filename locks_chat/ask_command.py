@@ -87,8 +87,9 @@ def run_ask(
     summary = result.reading.summary()
     steps = summary["decode_steps"]
     if steps:
-        read = (f"read {summary['kv_pages_read_fraction']:.0%} of KV pages ({summary['kv_bytes_read'] / steps / 1e6:.1f}"
-                f" of {summary['kv_bytes_dense'] / steps / 1e6:.1f} MB per token)")
+        per_token = summary["kv_bytes_read"] / steps / 1e6, summary["kv_bytes_dense"] / steps / 1e6
+        read = (f"read {summary['kv_pages_read_fraction']:.0%} of KV pages ({per_token[0]:.1f} of {per_token[1]:.1f} "
+                "MB per token)")
     else:
         read = "no decode step"  # the one token came from the prefill
     tpot = f"{result.tpot_ms:.0f} ms" if result.tpot_ms is not None else "-"  # one token has no TPOT

@@ -214,7 +214,8 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["ask", "{book}", "q", "--bogus"], "No such option: --bogus"),
         (["sessions", "show", "x"], "Invalid value for 'session_id'"),
     ],
-    ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument", "unknown_option", "sessions_id"],
+    ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument",
+         "unknown_option", "sessions_id"],
 )
 def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monkeypatch, capsys):
     """Typer's own usage errors (found before any command runs) go through ``main``: one line naming the help."""

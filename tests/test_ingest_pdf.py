@@ -203,5 +203,6 @@ def test_pypdf_problems_are_shown_as_plain_text():
 
     raw = "PdfReadError(\"Invalid Elementary Object starting with b'\\\\n' @52: b'tato) Tj\\\\nET\\\\n<< /oops\\\\n'\")"
     assert _plain_problem(raw) == "Invalid Elementary Object starting with..."
-    assert _plain_problem("Ignoring wrong pointing object 6 0 (offset 0)") == "Ignoring wrong pointing object 6 0 (offset 0)"
+    plain = "Ignoring wrong pointing object 6 0 (offset 0)"
+    assert _plain_problem(plain) == plain
     assert len(_plain_problem("word " * 40)) <= 80 and _plain_problem("word " * 40).endswith("word...")
