@@ -34,7 +34,7 @@ SHAPES = [
     ("glm4-9b-1m", 2, 32, (1 << 20, 1 << 17)),
     ("llama3.1-8b", 8, 32, (1 << 20, 1 << 17)),
 ]
-PATHS = ("dot", "dot1", "half", "direction", "broadcast")
+PATHS = ("dot", "dot1", "half", "dot1t", "halft", "direction", "broadcast")
 #: (coef_path, tile_pages, num_warps) per GQA group size
 VARIANTS = {
     16: [(p, tp, nw) for p in PATHS for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))],

@@ -90,7 +90,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=_ints, default=[4, 16], help="comma list of query heads per KV head")
     ap.add_argument("--tiles", type=_ints, default=[16, 32], help="comma list of pages per program")
-    ap.add_argument("--paths", default="dot,dot1,half", help="comma list of colwise8 coefficient paths")
+    ap.add_argument("--paths", default="dot,dot1,half,dot1t,halft", help="comma list of colwise8 coefficient paths")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()

@@ -67,16 +67,16 @@ def test_chanlog_paths_match_ops(path, tile, groups):
     _check_scores(sc, "chanlog", sc.q.bfloat16().float(), 1e-4, chanlog_path=path, tile_pages=tile)
 
 
-@pytest.mark.parametrize("path", ["dot", "direction", "broadcast", "dot1", "half"])
+@pytest.mark.parametrize("path", ["dot", "direction", "broadcast", "dot1", "half", "dot1t", "halft"])
 @pytest.mark.parametrize("groups,rank", [(1, 8), (4, 5), (16, 8)], ids=lambda v: str(v))
 def test_colwise8_coefficient_paths_match_ops(path, groups, rank):
     """Every way of contracting the B x r coefficients with V q (batched fp16 pair, per-direction FMAs, broadcast
-    sum, batched with V q as one fp16 factor, the same with V q from an fp16 product) gives the ops scores for
-    colwise8, partial pages and a rank that is not a power of two included. ``dot1`` and ``half`` round V q to fp16
-    once (2^-11 relative), hence their looser bound."""
+    sum, batched with V q as one fp16 factor, the same with V q from an fp16 product, both of these transposed)
+    gives the ops scores for colwise8, partial pages and a rank that is not a power of two included. ``dot1`` and
+    ``half`` (and their transposes) round V q to fp16 once (2^-11 relative), hence their looser bound."""
     sc = make_scenario([16 * 20 + 3, 16 * 9], num_kv_heads=2, groups=groups, head_dim=128, seed=groups, key_offset=20.0)
-    _check_scores(sc, "colwise8", sc.q.bfloat16().float(), 1e-3 if path in ("dot1", "half") else 1e-4, rank,
-                  coef_path=path)
+    tolerance = 1e-3 if path in ("dot1", "half", "dot1t", "halft") else 1e-4
+    _check_scores(sc, "colwise8", sc.q.bfloat16().float(), tolerance, rank, coef_path=path)
 
 
 def test_score_tuning_override_from_the_environment(monkeypatch):
