@@ -47,9 +47,10 @@ def save(out: Path, meta: dict, rows: list, failures: list) -> None:
     (out / "score.json").write_text(json.dumps({**meta, "rows": rows, "failures": failures}, indent=1))
 
 
-def fastest_tuning(row: dict, default: str = "dot tp16 w4", margin: float = 0.9) -> str:
-    """``PATH,TILE_PAGES,NUM_WARPS`` of the fastest variant of a row, or "" when the default variant is within
-    ``1 / margin`` of it (or missing)."""
+def fastest_tuning(row: dict, default: str, margin: float = 0.9) -> str:
+    """``PATH,TILE_PAGES,NUM_WARPS`` of the fastest variant of a row, or "" when the ``default`` variant (label
+    ``"PATH tpTILE wWARPS"``, the kernel's ``default_tuning`` for the row's group size) is within ``1 / margin`` of
+    it (or missing)."""
     ok = {k: v for k, v in row["ms"].items() if v is not None}
     best = min(ok, key=ok.get)
     if default in ok and ok[best] >= margin * ok[default]:
@@ -122,7 +123,10 @@ def main() -> int:
         print(f"{r['shape']} {r['context'] // 1024}K G={r['groups']}: floor {r['byte_floor_ms'] * 1e3:.1f} | best "
               f"{best} {ok[best] * 1e3:.1f} | " + " | ".join(f"{k} {v * 1e3:.1f}" for k, v in ok.items()))
     if args.tuning_file and rows:
-        args.tuning_file.write_text(fastest_tuning(rows[0]) + "\n")
+        from locks_kernels.score import default_tuning
+
+        path, tile = default_tuning(rows[0]["groups"], cfg.summary_format)
+        args.tuning_file.write_text(fastest_tuning(rows[0], f"{path} tp{tile} w4") + "\n")
     print("RESULT:", "PASS" if not failures else "FAIL " + "; ".join(failures))
     return 1 if failures else 0
 
