@@ -261,20 +261,21 @@ CHANLOG_PATHS = {"fp16": 1, "int8": 0}
 #: 3 = the batched product with ``V q`` as one fp16 factor (no lo half: half the products, ~2^-11 relative error),
 #: 4 = as 3, and ``V q`` itself one fp16 product (the int8 basis converted, exact) instead of the int8 pair,
 #: 5 and 6 = 3 and 4 with the contraction transposed (``[TP, GP, B]``: the log-sum-exp over the tokens along the
-#: product's N; 13% fewer SASS instructions at G = 16, 7% at G = 4, ``samples/score_sass.py``; not yet timed)
+#: product's N; 13% fewer SASS instructions at G = 16, 7% at G = 4, ``samples/score_sass.py``; timed on the H200:
+#: 5 is 8% faster than 3 at G = 16, 1M, and the default there, ``default_tuning``)
 COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4, "dot1t": 5, "halft": 6}
 
 
 def default_tuning(groups: int, summary_format: str) -> tuple[str, int]:
     """``(coef_path, tile_pages)`` of the score kernel, the fastest measured for a GQA group size.
 
-    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-02; us for one
-    layer at batch 1, against the former default ``dot``): G = 16 ``dot1`` 16 pages 122 vs 133 at 1M, 24.2 vs 25.4
-    at 128K; G = 4 ``half`` 16 pages 348 vs 384 (``dot`` 32 pages) at 1M, 55.4 vs 62.3 at 128K. G <= 4 takes G = 4's
-    choice, larger groups G = 16's. ``coef_path`` only matters for ``colwise8``; the other formats keep their tiles
-    (16 pages for ``chanlog`` and for groups over 4, else 32)."""
+    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-02, second run;
+    us for one layer at batch 1): G = 16 ``dot1t`` 16 pages 112.1 at 1M (``dot1`` 121.5, ``dot`` 132.1), 23.3 at
+    128K (24.1, 25.1); G = 4 ``half`` 16 pages 346.8 at 1M (``dot1t`` 32 pages 349.4, ``dot`` 382.8), 55.1 at 128K
+    (55.9 with ``dot1t``). G <= 4 takes G = 4's choice, larger groups G = 16's. ``coef_path`` only matters for
+    ``colwise8``; the other formats keep their tiles (16 pages for ``chanlog`` and for groups over 4, else 32)."""
     if summary_format == "colwise8":
-        return ("half", 16) if groups <= 4 else ("dot1", 16)
+        return ("half", 16) if groups <= 4 else ("dot1t", 16)
     return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32
 
 
@@ -398,7 +399,7 @@ def score_pages(
             fp16 pair, one product for the tile) or ``"int8"`` (scales folded into a per-page fixed-point
             query); tuning only, equal results within rounding.
         coef_path (str | None): how ``colwise8`` contracts the ``B x r`` coefficients with ``V q`` (a name of
-            ``COEF_PATHS``; default ``default_tuning``'s: ``half`` for groups up to 4, else ``dot1``, both of
+            ``COEF_PATHS``; default ``default_tuning``'s: ``half`` for groups up to 4, else ``dot1t``, both of
             which round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
