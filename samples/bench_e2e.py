@@ -529,6 +529,15 @@ def print_table(results: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ summary
+def locks_label(result: dict) -> str | None:
+    """The summary format of a LOCKS result, with its score-kernel tuning override when it had one
+    (``"colwise8 score dot1t,16,4"``); None for FLASH_ATTN."""
+    if result["backend"] != "locks":
+        return None
+    tuning = result.get("score_tuning")
+    return f"{result.get('summary_format')} score {tuning}" if tuning else result.get("summary_format")
+
+
 def by_format_last(item: tuple) -> tuple:
     """Sort key for ``{(..., summary_format): value}`` items: the format is None for FLASH_ATTN."""
     return item[0][:-1], item[0][-1] or ""
@@ -543,12 +552,13 @@ def summarize(args: argparse.Namespace) -> int:
     if not results:
         print(f"no result-*.json in {args.summarize}", file=sys.stderr)
         return 2
-    # one cell per summary format too: LOCKS rows of several formats pair with the same FLASH_ATTN cell
+    # one cell per summary format (and score-kernel tuning override) too: LOCKS rows of several formats pair
+    # with the same FLASH_ATTN cell, and fit over depths only with rows of the same kernels
     cells = {}
     for r in results:
         for c in r["cells"]:
             if "skipped" not in c:
-                fmt = r.get("summary_format") if r["backend"] == "locks" else None
+                fmt = locks_label(r)
                 walk = r.get("prefix_walk", True)
                 cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk, fmt)] = (r, c)
     rows = []
@@ -567,6 +577,8 @@ def summarize(args: argparse.Namespace) -> int:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
+        if r.get("score_tuning"):
+            row["score_tuning"] = r["score_tuning"]
         row.update({
             "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
             "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
@@ -617,7 +629,8 @@ def depth_fits(cells: dict) -> list[dict]:
         per_layer_kv = kv_bytes_per_token(model_config(shape, 1, ctx), tp) * ctx * batch
         floor_ms = per_layer_kv / HBM_PEAK_BYTES_S * 1e3
         row = {
-            "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None, "summary_format": fmt,
+            "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None,
+            "summary_format": fmt.split(" score ")[0] if fmt else fmt,
             "dense_tpot_ms": round(fit_d[0] + fit_d[1] * full, 3), "locks_tpot_ms": round(fit_l[0] + fit_l[1] * full, 3),
             "dense_prefill_s": None, "locks_prefill_s": None, "pages_read_frac": None, "layers": full,
             "extrapolated": True,
@@ -645,6 +658,8 @@ def depth_fits(cells: dict) -> list[dict]:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
+        if fmt and " score " in fmt:
+            row["score_tuning"] = fmt.split(" score ")[1]
         rows.append(row)
     return rows
 
@@ -730,7 +745,9 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.set_title(f"{shape}, {SHAPES[shape]['num_hidden_layers']} layers" + WALK_NOTE[walk])
         else:
             shape, ctx, walk = key
-            pts = sorted(pts, key=lambda r: r["layers"])
+            # rows run with a score-kernel tuning override are single points beside the lines, not on them
+            tuned = [r for r in pts if r.get("score_tuning")]
+            pts = sorted((r for r in pts if not r.get("score_tuning")), key=lambda r: r["layers"])
             fit = fits.get(key)
             prefixes = {"dense_tpot_ms": "dense", "locks_tpot_ms": "locks"}
             for field, (style, label) in labels.items():
@@ -739,6 +756,9 @@ def plot(rows: list[dict], path: Path) -> None:
                     fixed = fit["fit"][f"{prefixes[field]}_fixed_ms"]
                     ax.plot([0, fit["layers"]], [fixed, fit[field]], ":", color=line.get_color())
                     ax.plot([fit["layers"]], [fit[field]], style[0], mfc="none", color=line.get_color())
+            for r in tuned:
+                ax.plot([r["layers"]], [r["locks_tpot_ms"]], "*", ms=11, color="tab:red",
+                        label=f"LOCKS, score kernel {r['score_tuning']}")
             ax.set_xlabel("layers (hollow: extrapolated from the TPOT fit)")
             size = f"{ctx >> 20}M" if ctx >= 1 << 20 else f"{ctx >> 10}K"
             flagged = fit and fit["fit"]["dense_slope_below_floor"]

@@ -160,6 +160,26 @@ def test_summarize_pairs_runs_without_the_prefix_walk_with_each_other(bench, tmp
     assert (rows[False]["dense_tpot_ms"], rows[False]["locks_tpot_ms"], rows[False]["speedup"]) == (2.0, 1.6, 1.25)
 
 
+def test_summarize_keeps_a_score_tuning_override_out_of_the_depth_fit(bench, tmp_path) -> None:
+    """A LOCKS engine run with ``$LOCKS_SCORE_TUNING`` makes its own row (``score_tuning`` named, against the same
+    dense cell) and stays out of the depth fit of the engines that ran the default kernel."""
+    runs = [result("glm4-9b-1m", 4, "flash", [cell(1 << 20, 5.0)]), result("glm4-9b-1m", 8, "flash", [cell(1 << 20, 6.0)]),
+            result("glm4-9b-1m", 4, "locks", [cell(1 << 20, 4.0)]), result("glm4-9b-1m", 8, "locks", [cell(1 << 20, 4.5)]),
+            {**result("glm4-9b-1m", 8, "locks", [cell(1 << 20, 3.0)]), "score_tuning": "dot1t,16,4"}]
+    for i, r in enumerate(runs):
+        (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    assert bench.summarize(bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(out), meta="")) == 0
+    rows = json.loads(out.read_text())["rows"]
+    at8 = {r.get("score_tuning"): r for r in rows if r["layers"] == 8}
+    assert (at8[None]["locks_tpot_ms"], at8["dot1t,16,4"]["locks_tpot_ms"]) == (4.5, 3.0)
+    assert at8["dot1t,16,4"]["dense_tpot_ms"] == 6.0 and at8["dot1t,16,4"]["summary_format"] == "chanlog"
+    (fit,) = [r for r in rows if r["extrapolated"]]
+    assert fit["locks_tpot_ms"] == pytest.approx(3.5 + 0.125 * 40) and "score_tuning" not in fit
+    panels, _ = bench.plot_panels(rows)
+    assert [(kind, len(rs)) for kind, _, rs in panels] == [("depth", 3)]
+
+
 def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
     """The flag goes on to every engine child; without it the engines get vLLM's defaults."""
     assert bench.prefix_walk_kwargs(False) == {}
