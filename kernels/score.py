@@ -6,7 +6,7 @@ matrix units: ``q . mu`` in fp16 (a bf16 query and an fp16 or int8 centroid are 
 the basis as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum(q)``) against the query as a
 16-bit fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient
 contraction as a batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over
-the ``B`` tokens. The kernel is bound by instruction issue, not bytes (see ``NOTES.md``): the int8 path
+the ``B`` tokens, its log2 one ``lg2.approx`` instruction (``_log2``; ``tl.log2`` costs ~25). The kernel is bound by instruction issue, not bytes (see ``NOTES.md``): the int8 path
 exists because unpacking int4 to fp16 cost more instructions than anything else. ``chanlog`` summaries (one
 scale per channel) dequantize the basis in registers as an fp16 hi + lo pair with the scales applied, one
 product for the tile (``_chanlog_basis_fp16``); folding the scales into the query instead makes its fixed-point
@@ -26,6 +26,18 @@ from torch import Tensor
 
 from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.summaries import FORMAT_CODES
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    """``log2`` of fp32 ``x``: ``lg2.approx.f32`` (one MUFU.LG2, absolute error ~2^-22) when ``FAST``, else
+    ``tl.log2``, which Triton 3.6 lowers to a ~25-instruction polynomial with a branch (the interpreter, which runs
+    no inline assembly, takes this one)."""
+    if FAST:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.log2(x)
 
 
 @triton.jit
@@ -103,7 +115,7 @@ def _score_pages_kernel(
     scale, H, PMAX,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, FMT: tl.constexpr, CHANLOG_PATH: tl.constexpr,
-    COEF_PATH: tl.constexpr,
+    COEF_PATH: tl.constexpr, FAST_MATH: tl.constexpr,
 ):
     i_t, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_j = i_t * TP + tl.arange(0, TP)  # [TP] logical pages
@@ -182,7 +194,7 @@ def _score_pages_kernel(
                 s_q = tl.max(tl.abs(b_qf), axis=0) / 32512.0  # [GP]
                 s_q = tl.where(s_q > 0.0, s_q, 1.0)  # q_hi <= 127
                 q_int = tl.floor(b_qf / s_q[None, :] + 0.5)
-                q_hi = tl.floor((q_int + 128.0) / 256.0)
+                q_hi = tl.floor((q_int + 128.0) * 0.00390625)  # / 256, exact
                 q_lo = (q_int - 256.0 * q_hi).to(tl.int8)
                 if COEF_PATH == 1:
                     b_logit = _colwise8_logits_by_direction(basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr,
@@ -244,11 +256,11 @@ def _score_pages_kernel(
         if FMT == 4 and COEF_PATH >= 5:
             b_logit = (b_logit + qmu[:, :, None]) * (scale * 1.4426950408889634)  # base 2, [TP, GP, B]
             b_max = tl.max(b_logit, axis=2)
-            b_lse = b_max + tl.log2(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2))
+            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), FAST_MATH)
         else:
             b_logit = (b_logit + qmu[:, None, :]) * (scale * 1.4426950408889634)  # base 2, [TP, B, GP]
             b_max = tl.max(b_logit, axis=1)
-            b_lse = b_max + tl.log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1))
+            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1), FAST_MATH)
         b_score = tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
         tl.store(p_out, b_score, mask=m_out)
 
@@ -359,6 +371,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         FMT=FORMAT_CODES[store.summary_format],
         CHANLOG_PATH=CHANLOG_PATHS[chanlog_path],
         COEF_PATH=COEF_PATHS[coef_path] if store.summary_format == "colwise8" else 0,
+        FAST_MATH=os.environ.get("TRITON_INTERPRET") != "1",
         num_warps=num_warps,
     )
     return out

@@ -4,10 +4,13 @@ warp-instructions per page and KV head for each ``colwise8`` coefficient path an
 Compiles ``locks_kernels.score._score_pages_kernel`` with Triton for ``GPUTarget("cuda", 90, 32)``, pointers and
 the query strides specialized as divisible by 16 (as the JIT does for real tensors), runs Triton's bundled
 ``ptxas -v`` for the register and spill counts and ``cuobjdump -sass`` for the instruction mix. Warp-instructions
-per page-head = static instructions x warps / pages per program (the kernel has no loops). These are counts, not
-times: on the H200 (``kernels/NOTES.md``, 2026-12-02) the time at G = 16 tracked them within a path
-(``dot`` 546 -> 133 us at 1M, ``dot1`` 520 -> 122 us) but not across tiles (occupancy) or across paths that lean
-on the quarter-rate conversion units (``half``: I2F).
+per page-head = static instructions x warps / pages per program (the kernel has no loops). The argument types are
+those of ``colwise8`` in the engine (bf16 query, fp16 centroid and scales, int8 basis and coefficients). These are
+counts, not times: on the H200 (``samples/results/score.json``, 2026-12-02) the times at G = 16, 16 pages, 1M
+tokens tracked the counts of the kernels as then compiled (``--no-fast-math``) within the ``dot`` family (``dot``
+510 -> 132.1 us, ``dot1`` 482 -> 121.5, ``dot1t`` 412 -> 112.1: about 0.2 us per warp-instruction per page-head), but
+not across tiles (occupancy), across paths that lean on the quarter-rate conversion units (``half`` 502 -> 153.9:
+I2F), or at G = 4 (``half`` 16 pages and ``dot1t`` 32 pages about equal in time at 388 and 217 instructions).
 
 Usage::
 
@@ -30,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SIGNATURE = {
-    "q_ptr": "*bf16", "centroid_ptr": "*i8", "basis_ptr": "*i8", "coeffs_ptr": "*i8", "centroid_scale_ptr": "*fp16",
+    "q_ptr": "*bf16", "centroid_ptr": "*fp16", "basis_ptr": "*i8", "coeffs_ptr": "*i8", "centroid_scale_ptr": "*fp16",
     "basis_scale_ptr": "*fp16", "coeffs_scale_ptr": "*fp16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
     "out_ptr": "*fp32", "stride_qs": "i32", "stride_qh": "i32", "stride_bt": "i32", "stride_os": "i32",
     "stride_oh": "i32", "scale": "fp32", "H": "i32", "PMAX": "i32",
@@ -39,7 +42,7 @@ DIVISIBLE_BY_16 = list(range(10)) + [10, 11]  # the pointers and the query's str
 
 
 def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
-            page_size: int = 16, top: int = 12) -> dict:
+            page_size: int = 16, top: int = 12, fast_math: bool = True) -> dict:
     """One compile of the ``colwise8`` score kernel for sm_90a.
 
     Returns:
@@ -56,7 +59,7 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     gp = max(2, triton.next_power_of_2(groups))
     rp = triton.next_power_of_2(rank)
     consts = dict(B=page_size, D=head_dim, R=rank, RP=rp, KP=max(16, rp), G=groups, GP=gp, PPB=4, TP=tile_pages,
-                  FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path])
+                  FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], FAST_MATH=fast_math)
     signature = SIGNATURE | {k: "constexpr" for k in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i in DIVISIBLE_BY_16}
     kernel = triton.compile(ASTSource(_score_pages_kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -78,7 +81,8 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     mix = collections.Counter(op.split(".")[0] for op in ops)
     return {"groups": groups, "tile_pages": tile_pages, "coef_path": coef_path, "num_warps": num_warps,
             "registers": int(regs.group(1)), "spill_stores_bytes": int(spill.group(1)) if spill else 0,
-            "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops),
+            "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops), "fast_math": fast_math,
+            "mufu_lg2": sum(1 for op in ops if op.startswith("MUFU.LG2")),
             "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1), "top": dict(mix.most_common(top))}
 
 
@@ -92,6 +96,7 @@ def main() -> int:
     ap.add_argument("--tiles", type=_ints, default=[16, 32], help="comma list of pages per program")
     ap.add_argument("--paths", default="dot,dot1,half,dot1t,halft", help="comma list of colwise8 coefficient paths")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--no-fast-math", action="store_true", help="tl.log2 instead of lg2.approx (as the interpreter)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     try:
@@ -114,7 +119,7 @@ def main() -> int:
         for tile in args.tiles:
             for path in paths:
                 try:
-                    row = analyse(groups, tile, path, args.warps)
+                    row = analyse(groups, tile, path, args.warps, fast_math=not args.no_fast_math)
                 except Exception as exc:  # a tile the compiler refuses: report it and go on
                     print(f"| {groups} | {tile} | {path} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
                     continue
