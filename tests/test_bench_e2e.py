@@ -163,9 +163,9 @@ def test_summarize_pairs_runs_without_the_prefix_walk_with_each_other(bench, tmp
 def test_summarize_keeps_a_score_tuning_override_out_of_the_depth_fit(bench, tmp_path) -> None:
     """A LOCKS engine run with ``$LOCKS_SCORE_TUNING`` makes its own row (``score_tuning`` named, against the same
     dense cell) and stays out of the depth fit of the engines that ran the default kernel."""
-    runs = [result("glm4-9b-1m", 4, "flash", [cell(1 << 20, 5.0)]), result("glm4-9b-1m", 8, "flash", [cell(1 << 20, 6.0)]),
-            result("glm4-9b-1m", 4, "locks", [cell(1 << 20, 4.0)]), result("glm4-9b-1m", 8, "locks", [cell(1 << 20, 4.5)]),
-            {**result("glm4-9b-1m", 8, "locks", [cell(1 << 20, 3.0)]), "score_tuning": "dot1t,16,4"}]
+    glm = lambda layers, backend, tpot: result("glm4-9b-1m", layers, backend, [cell(1 << 20, tpot)])  # noqa: E731
+    runs = [glm(4, "flash", 5.0), glm(8, "flash", 6.0), glm(4, "locks", 4.0), glm(8, "locks", 4.5),
+            {**glm(8, "locks", 3.0), "score_tuning": "dot1t,16,4"}]
     for i, r in enumerate(runs):
         (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
     out = tmp_path / "e2e.json"
