@@ -1,18 +1,19 @@
 """Stage 2 in Triton: estimated log attention mass of every page from its summary (paper Section 3.2, Eq. 2).
 
-One program scores ``TP`` logical pages of one sequence for one KV head and all ``G`` query heads of its group,
-so each summary is read once per group, with every load of the tile issued up front. All products run on the
-matrix units: ``q . mu`` in fp16 (a bf16 query and an fp16 or int8 centroid are exact there); ``V q`` in int8,
-the basis as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum(q)``) against the query as a
-16-bit fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient
-contraction as a batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over
-the ``B`` tokens, its log2 one ``lg2.approx`` instruction (``_log2``; ``tl.log2`` costs ~25). The kernel is bound
-by instruction issue, not bytes (see ``NOTES.md``): the int8 path exists because unpacking int4 to fp16 cost more
-instructions than anything else. ``chanlog`` summaries (one scale per channel) dequantize the basis in registers
-as an fp16 hi + lo pair with the scales applied, one product for the tile (``_chanlog_basis_fp16``); folding the scales into the query instead makes its fixed-point
-pair per page, one batched int8 product per page (``_chanlog_basis_query``, ``chanlog_path="int8"``), which
-compiles to ~1.4x the instructions (SASS for sm_90, ``NOTES.md``). ``colwise8`` summaries (int8 basis, one scale
-per direction) need neither: the basis goes into the int8 products as stored, against the same fixed-point query.
+One program scores ``TP`` logical pages of one sequence for one KV head and all ``G`` query heads of its group, so
+each summary is read once per group, with every load of the tile issued up front. All products run on the matrix
+units: ``q . mu`` in fp16 (a bf16 query and an fp16 or int8 centroid are exact there); ``V q`` in int8, the basis
+as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum(q)``) against the query as a 16-bit
+fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient contraction as a
+batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over the ``B`` tokens,
+its log2 one ``lg2.approx`` instruction (``_log2``; ``tl.log2`` costs ~25). The kernel is bound by instruction
+issue, not bytes (see ``NOTES.md``): the int8 path exists because unpacking int4 to fp16 cost more instructions
+than anything else. ``chanlog`` summaries (one scale per channel) dequantize the basis in registers as an fp16 hi +
+lo pair with the scales applied, one product for the tile (``_chanlog_basis_fp16``); folding the scales into the
+query instead makes its fixed-point pair per page, one batched int8 product per page (``_chanlog_basis_query``,
+``chanlog_path="int8"``), which compiles to ~1.4x the instructions (SASS for sm_90, ``NOTES.md``). ``colwise8``
+summaries (int8 basis, one scale per direction) need neither: the basis goes into the int8 products as stored,
+against the same fixed-point query.
 """
 
 from __future__ import annotations
