@@ -143,6 +143,10 @@ def _score_pages_kernel(
             m_c = live[:, None, None] & (o_r < R)[None, None, :]
             b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, :, None] * R + o_r[None, None, :],
                           mask=m_c, other=0)  # [TP, B, RP]
+        elif FMT == 4 and COEF_PATH >= 5:
+            # transposed as the contraction takes it: no permute (and its trip through shared memory) later
+            b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, None, :] * R + o_k[None, :, None],
+                          mask=live[:, None, None] & (o_k < R)[None, :, None], other=0)  # [TP, KP, B]
         elif not (FMT == 4 and COEF_PATH == 1):
             b_c = tl.load(coeffs_ptr + ph[:, None, None] * (B * R) + o_b[None, :, None] * R + o_k[None, None, :],
                           mask=m_c, other=0)  # [TP, B, KP]
@@ -247,7 +251,7 @@ def _score_pages_kernel(
             if FMT == 4 and COEF_PATH >= 5:
                 # as 3 / 4, transposed: [TP, GP, B] puts the page's tokens along the product's N, where the
                 # log-sum-exp reduces within a thread and its quad (fewer shuffles than along M)
-                b_logit = tl.dot(tl.permute(w_hi, (0, 2, 1)), tl.permute(b_c, (0, 2, 1)))  # [TP, GP, B]
+                b_logit = tl.dot(tl.permute(w_hi, (0, 2, 1)), b_c)  # [TP, GP, B]
             elif FMT == 4 and (COEF_PATH == 3 or COEF_PATH == 4):
                 # (V q) rounded once to fp16 (relative error 2^-11, under colwise8's int8 rounding of the
                 # coefficients, 2^-8): half the products and no hi / lo split
