@@ -198,9 +198,10 @@ def _score_pages_kernel(
                 b_qf = b_q.to(tl.float32)  # [D, GP]
                 s_q = tl.max(tl.abs(b_qf), axis=0) / 32512.0  # [GP]
                 s_q = tl.where(s_q > 0.0, s_q, 1.0)  # q_hi <= 127
-                q_int = tl.floor(b_qf / s_q[None, :] + 0.5)
-                q_hi = tl.floor((q_int + 128.0) * 0.00390625)  # / 256, exact
-                q_lo = (q_int - 256.0 * q_hi).to(tl.int8)
+                # the split in integers: q_hi = round(q_int / 256) by an arithmetic shift, q_lo the rest
+                q_int = tl.floor(b_qf / s_q[None, :] + 0.5).to(tl.int32)
+                q_hi = (q_int + 128) >> 8
+                q_lo = (q_int - (q_hi << 8)).to(tl.int8)
                 if COEF_PATH == 1:
                     b_logit = _colwise8_logits_by_direction(basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr,
                                                             ph, live, q_hi.to(tl.int8), q_lo, s_q, B, D, R, TP, GP)
