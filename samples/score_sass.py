@@ -16,6 +16,7 @@ Usage::
 
     python samples/score_sass.py                       # the default grid of (G, pages, path)
     python samples/score_sass.py --groups 16 --tiles 8,16 --paths dot1,half --json OUT.json
+    python samples/score_sass.py --groups 16 --tiles 16 --paths dot1t --lines 12   # where the instructions are
 """
 
 from __future__ import annotations
@@ -77,13 +78,32 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
                               check=True).stdout
+        listing = subprocess.run([str(bin_dir / "nvdisasm"), "-g", "-c", str(cubin)], capture_output=True, text=True,
+                                 check=True).stdout
     ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     mix = collections.Counter(op.split(".")[0] for op in ops)
     return {"groups": groups, "tile_pages": tile_pages, "coef_path": coef_path, "num_warps": num_warps,
             "registers": int(regs.group(1)), "spill_stores_bytes": int(spill.group(1)) if spill else 0,
             "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops), "fast_math": fast_math,
             "mufu_lg2": sum(1 for op in ops if op.startswith("MUFU.LG2")),
+            "by_line": instructions_by_line(listing, top),
             "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1), "top": dict(mix.most_common(top))}
+
+
+def instructions_by_line(listing: str, top: int) -> list[list]:
+    """``[[file:line, SASS instructions, {opcode: count}], ...]``, the ``top`` source lines with the most static
+    instructions, from ``nvdisasm -g`` (Triton compiles with line info): where a kernel's instructions come from."""
+    where, count, ops = None, collections.Counter(), collections.defaultdict(collections.Counter)
+    for text in listing.splitlines():
+        mark = re.search(r'//## File "([^"]+)", line (\d+)', text)
+        if mark:
+            where = f"{Path(mark.group(1)).name}:{mark.group(2)}"
+            continue
+        op = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text)
+        if op:
+            count[where] += 1
+            ops[where][op.group(1).split(".")[0]] += 1
+    return [[w, n, dict(ops[w].most_common(4))] for w, n in count.most_common(top)]
 
 
 def _ints(text: str) -> list[int]:
@@ -97,6 +117,7 @@ def main() -> int:
     ap.add_argument("--paths", default="dot,dot1,half,dot1t,halft", help="comma list of colwise8 coefficient paths")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--no-fast-math", action="store_true", help="tl.log2 instead of lg2.approx (as the interpreter)")
+    ap.add_argument("--lines", type=int, default=0, help="also print the N source lines with the most instructions")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     try:
@@ -127,6 +148,8 @@ def main() -> int:
                 mix = ", ".join(f"{k} {v}" for k, v in list(row["top"].items())[:6])
                 print(f"| {groups} | {tile} | {path} | {row['registers']} | {row['spill_stores_bytes']} | "
                       f"{row['shared_bytes']} | {row['warp_instr_per_page_head']} | {mix} |")
+                for where, n, line_ops in row["by_line"][: args.lines]:
+                    print(f"|   | | {where} | {n} | {', '.join(f'{k} {v}' for k, v in line_ops.items())} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0 if rows else 1

@@ -20,6 +20,9 @@ def test_counts_registers_and_instructions_and_orders_the_paths():
         assert 0 < row["registers"] <= 255 and row["sass_instructions"] > 100
         assert row["warp_instr_per_page_head"] == round(row["sass_instructions"] * 4 / 16, 1)
         assert sum(row["top"].values()) <= row["sass_instructions"]
+        # the line table names the kernel's own source lines, and counts no more than the whole
+        assert any(where.startswith("score.py:") for where, _, _ in row["by_line"])
+        assert sum(n for _, n, _ in row["by_line"]) <= row["sass_instructions"]
     # dot1 drops the lo half of the coefficient contraction: fewer instructions than dot
     assert dot1["sass_instructions"] < dot["sass_instructions"]
 
@@ -37,3 +40,15 @@ def test_unknown_path_is_a_one_line_error(capsys, monkeypatch):
     assert score_sass.main() == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown coefficient path(s) fastest") and "\n" not in err
+
+
+def test_instructions_by_line_follow_the_line_marks():
+    listing = "\n".join([
+        '\t//## File "/x/kernels/score.py", line 12',
+        "        /*0010*/                   IMAD R1, R2, R3, R4 ;",
+        "        /*0020*/              @!P0 IMAD R1, R2, R3, R4 ;",
+        '\t//## File "/x/triton/language/standard.py", line 170',
+        "        /*0030*/                   FMNMX R5, R5, R6, !PT ;",
+    ])
+    assert score_sass.instructions_by_line(listing, 5) == [["score.py:12", 2, {"IMAD": 2}],
+                                                            ["standard.py:170", 1, {"FMNMX": 1}]]
