@@ -377,7 +377,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         FMT=FORMAT_CODES[store.summary_format],
         CHANLOG_PATH=CHANLOG_PATHS[chanlog_path],
         COEF_PATH=COEF_PATHS[coef_path] if store.summary_format == "colwise8" else 0,
-        FAST_MATH=os.environ.get("TRITON_INTERPRET") != "1",
+        FAST_MATH=isinstance(_score_pages_kernel, triton.runtime.JITFunction),  # not the interpreter
         num_warps=num_warps,
     )
     return out
