@@ -6,14 +6,15 @@ units: ``q . mu`` in fp16 (a bf16 query and an fp16 or int8 centroid are exact t
 as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum(q)``) against the query as a 16-bit
 fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient contraction as a
 batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over the ``B`` tokens,
-its log2 one ``lg2.approx`` instruction (``_log2``; ``tl.log2`` costs ~25). The kernel is bound by instruction
-issue, not bytes (see ``NOTES.md``): the int8 path exists because unpacking int4 to fp16 cost more instructions
-than anything else. ``chanlog`` summaries (one scale per channel) dequantize the basis in registers as an fp16 hi +
-lo pair with the scales applied, one product for the tile (``_chanlog_basis_fp16``); folding the scales into the
-query instead makes its fixed-point pair per page, one batched int8 product per page (``_chanlog_basis_query``,
-``chanlog_path="int8"``), which compiles to ~1.4x the instructions (SASS for sm_90, ``NOTES.md``). ``colwise8``
-summaries (int8 basis, one scale per direction) need neither: the basis goes into the int8 products as stored,
-against the same fixed-point query.
+its log2 one ``lg2.approx`` instruction (``_log2``; ``tl.log2`` costs ~25); int8 to fp16 conversions four at a time
+in integer and fp16x2 arithmetic (``_int8_to_fp16``) instead of the quarter-rate I2F. The kernel is bound by
+instruction issue, not bytes (see ``NOTES.md``): the int8 path exists because unpacking int4 to fp16 cost more
+instructions than anything else. ``chanlog`` summaries (one scale per channel) dequantize the basis in registers as
+an fp16 hi + lo pair with the scales applied, one product for the tile (``_chanlog_basis_fp16``); folding the
+scales into the query instead makes its fixed-point pair per page, one batched int8 product per page
+(``_chanlog_basis_query``, ``chanlog_path="int8"``), which compiles to ~1.4x the instructions (SASS for sm_90,
+``NOTES.md``). ``colwise8`` summaries (int8 basis, one scale per direction) need neither: the basis goes into the
+int8 products as stored, against the same fixed-point query.
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ def _log2(x, FAST: tl.constexpr):
                                          pack=1)
     else:
         return tl.log2(x)
+
+
+@triton.jit
+def _int8_to_fp16(x, FAST: tl.constexpr):
+    """int8 -> fp16 (exact) of any tensor. ``FAST``: four at a time as ``(0x6400 | (x + 128)) - 1152`` read as fp16
+    (one xor, two byte permutes and two fp16x2 subtractions for four entries, no quarter-rate I2F); else ``.to``."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64806480; "
+            "prmt.b32 $0, t, 0x64646464, 0x4140; prmt.b32 $1, t, 0x64646464, 0x4342; "
+            "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+            "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        return x.to(tl.float16)
 
 
 @triton.jit
@@ -116,7 +131,7 @@ def _score_pages_kernel(
     scale, H, PMAX,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, FMT: tl.constexpr, CHANLOG_PATH: tl.constexpr,
-    COEF_PATH: tl.constexpr, FAST_MATH: tl.constexpr,
+    COEF_PATH: tl.constexpr, PTX: tl.constexpr,
 ):
     i_t, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_j = i_t * TP + tl.arange(0, TP)  # [TP] logical pages
@@ -191,7 +206,7 @@ def _score_pages_kernel(
             # q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
             if FMT == 4 and (COEF_PATH == 4 or COEF_PATH == 6):
                 # int8 basis converted to fp16 (exact) against the query in fp16: one product, no fixed point
-                w_f = tl.dot(b_v8.to(tl.float16), b_q.to(tl.float16))  # [TP * RP, GP] fp32
+                w_f = tl.dot(_int8_to_fp16(b_v8, PTX), b_q.to(tl.float16))  # [TP * RP, GP] fp32
                 b_w = tl.reshape(w_f, [TP, RP, GP]) * s_w[:, :, None]
             elif FMT == 4:
                 # int8 basis: straight into the products, no unpacking, one scale per direction (in s_w)
@@ -247,7 +262,7 @@ def _score_pages_kernel(
             b_logit = tl.dot(b_c, b_w, input_precision="ieee")  # [TP, B, GP]
         else:
             # int8 coefficients are exact in fp16; the (V q) factors go in as an fp16 pair (hi + lo)
-            b_c = b_c.to(tl.float16)
+            b_c = _int8_to_fp16(b_c, PTX) if FMT == 4 else b_c.to(tl.float16)
             w_hi = b_w.to(tl.float16)
             if FMT == 4 and COEF_PATH >= 5:
                 # as 3 / 4, transposed: [TP, GP, B] puts the page's tokens along the product's N, where the
@@ -262,11 +277,11 @@ def _score_pages_kernel(
         if FMT == 4 and COEF_PATH >= 5:
             b_logit = (b_logit + qmu[:, :, None]) * (scale * 1.4426950408889634)  # base 2, [TP, GP, B]
             b_max = tl.max(b_logit, axis=2)
-            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), FAST_MATH)
+            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), PTX)
         else:
             b_logit = (b_logit + qmu[:, None, :]) * (scale * 1.4426950408889634)  # base 2, [TP, B, GP]
             b_max = tl.max(b_logit, axis=1)
-            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1), FAST_MATH)
+            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1), PTX)
         b_score = tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
         tl.store(p_out, b_score, mask=m_out)
 
@@ -377,7 +392,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         FMT=FORMAT_CODES[store.summary_format],
         CHANLOG_PATH=CHANLOG_PATHS[chanlog_path],
         COEF_PATH=COEF_PATHS[coef_path] if store.summary_format == "colwise8" else 0,
-        FAST_MATH=isinstance(_score_pages_kernel, triton.runtime.JITFunction),  # not the interpreter
+        PTX=isinstance(_score_pages_kernel, triton.runtime.JITFunction),  # not the interpreter
         num_warps=num_warps,
     )
     return out

@@ -7,7 +7,7 @@ the query strides specialized as divisible by 16 (as the JIT does for real tenso
 per page-head = static instructions x warps / pages per program (the kernel has no loops). The argument types are
 those of ``colwise8`` in the engine (bf16 query, fp16 centroid and scales, int8 basis and coefficients). These are
 counts, not times: on the H200 (``samples/results/score.json``, 2026-12-02) the times at G = 16, 16 pages, 1M
-tokens tracked the counts of the kernels as then compiled (``--no-fast-math``) within the ``dot`` family (``dot``
+tokens tracked the counts of the kernels as then compiled (``--no-ptx``) within the ``dot`` family (``dot``
 510 -> 132.1 us, ``dot1`` 482 -> 121.5, ``dot1t`` 412 -> 112.1: about 0.2 us per warp-instruction per page-head), but
 not across tiles (occupancy), across paths that lean on the quarter-rate conversion units (``half`` 502 -> 153.9:
 I2F), or at G = 4 (``half`` 16 pages and ``dot1t`` 32 pages about equal in time at 388 and 217 instructions).
@@ -43,7 +43,7 @@ DIVISIBLE_BY_16 = list(range(10)) + [10, 11]  # the pointers and the query's str
 
 
 def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
-            page_size: int = 16, top: int = 12, fast_math: bool = True) -> dict:
+            page_size: int = 16, top: int = 12, ptx: bool = True) -> dict:
     """One compile of the ``colwise8`` score kernel for sm_90a.
 
     Returns:
@@ -60,7 +60,7 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     gp = max(2, triton.next_power_of_2(groups))
     rp = triton.next_power_of_2(rank)
     consts = dict(B=page_size, D=head_dim, R=rank, RP=rp, KP=max(16, rp), G=groups, GP=gp, PPB=4, TP=tile_pages,
-                  FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], FAST_MATH=fast_math)
+                  FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], PTX=ptx)
     signature = SIGNATURE | {k: "constexpr" for k in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i in DIVISIBLE_BY_16}
     kernel = triton.compile(ASTSource(_score_pages_kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -84,8 +84,9 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     mix = collections.Counter(op.split(".")[0] for op in ops)
     return {"groups": groups, "tile_pages": tile_pages, "coef_path": coef_path, "num_warps": num_warps,
             "registers": int(regs.group(1)), "spill_stores_bytes": int(spill.group(1)) if spill else 0,
-            "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops), "fast_math": fast_math,
+            "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops), "ptx": ptx,
             "mufu_lg2": sum(1 for op in ops if op.startswith("MUFU.LG2")),
+            "i2f": sum(1 for op in ops if op.startswith("I2F")),
             "by_line": instructions_by_line(listing, top),
             "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1), "top": dict(mix.most_common(top))}
 
@@ -116,7 +117,8 @@ def main() -> int:
     ap.add_argument("--tiles", type=_ints, default=[16, 32], help="comma list of pages per program")
     ap.add_argument("--paths", default="dot,dot1,half,dot1t,halft", help="comma list of colwise8 coefficient paths")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--no-fast-math", action="store_true", help="tl.log2 instead of lg2.approx (as the interpreter)")
+    ap.add_argument("--no-ptx", action="store_true",
+                    help="tl.log2 and .to(tl.float16) instead of the inline PTX (as under the interpreter)")
     ap.add_argument("--lines", type=int, default=0, help="also print the N source lines with the most instructions")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -140,7 +142,7 @@ def main() -> int:
         for tile in args.tiles:
             for path in paths:
                 try:
-                    row = analyse(groups, tile, path, args.warps, fast_math=not args.no_fast_math)
+                    row = analyse(groups, tile, path, args.warps, ptx=not args.no_ptx)
                 except Exception as exc:  # a tile the compiler refuses: report it and go on
                     print(f"| {groups} | {tile} | {path} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
                     continue
