@@ -334,8 +334,21 @@ def score_tuning() -> tuple[str | None, int | None, int | None]:
     return path, tile_pages, num_warps
 
 
+#: environment switch of the score kernel's inline PTX (``_log2``, ``_int8_to_fp16``): ``0`` takes Triton's own
+#: ``tl.log2`` and ``.to(tl.float16)`` instead (for A/B timing, or should a driver refuse the assembly)
+PTX_ENV = "LOCKS_SCORE_PTX"
+
+
+def use_ptx(requested: bool | None = None) -> bool:
+    """Whether the score kernel compiles its inline PTX: ``requested`` when given, else unless ``$LOCKS_SCORE_PTX``
+    is ``0``; never under Triton's interpreter, which runs no inline assembly."""
+    compiled = isinstance(_score_pages_kernel, triton.runtime.JITFunction)
+    wanted = os.environ.get(PTX_ENV, "").strip() != "0" if requested is None else requested
+    return compiled and wanted
+
+
 def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-               chanlog_path="fp16", coef_path=None):
+               chanlog_path="fp16", coef_path=None, ptx=None):
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -392,7 +405,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         FMT=FORMAT_CODES[store.summary_format],
         CHANLOG_PATH=CHANLOG_PATHS[chanlog_path],
         COEF_PATH=COEF_PATHS[coef_path] if store.summary_format == "colwise8" else 0,
-        PTX=isinstance(_score_pages_kernel, triton.runtime.JITFunction),  # not the interpreter
+        PTX=use_ptx(ptx),
         num_warps=num_warps,
     )
     return out
@@ -411,6 +424,7 @@ def score_pages(
     num_warps: int | None = None,
     chanlog_path: str = "fp16",
     coef_path: str | None = None,
+    ptx: bool | None = None,
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
 
@@ -435,6 +449,8 @@ def score_pages(
         coef_path (str | None): how ``colwise8`` contracts the ``B x r`` coefficients with ``V q`` (a name of
             ``COEF_PATHS``; default ``default_tuning``'s: ``half`` for groups up to 4, else ``dot1t``, both of
             which round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
+        ptx (bool | None): inline PTX for the log-sum-exp's log2 and the int8 -> fp16 conversions (``use_ptx``;
+            default on unless ``$LOCKS_SCORE_PTX=0``, never under the interpreter); the same scores within ~2^-22.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
@@ -446,4 +462,4 @@ def score_pages(
         raise ValueError(f"coef_path={coef_path!r}: allowed {', '.join(COEF_PATHS)}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-                      chanlog_path, coef_path)
+                      chanlog_path, coef_path, ptx)

@@ -8,6 +8,8 @@ built by ``build_cache_summaries`` (budget 2048, r = 8, page 16, block 64), one 
 is CUDA-graph replays between CUDA events with L2 flushed before each, median of ``--reps``. Every variant's
 scores must match the ``dot`` path's to 1e-3 (relative to the largest score) on the finite entries (checked).
 Byte floor: the summaries read, ``pages x KV heads x summary bytes``, at the device-to-device copy bandwidth.
+Variants labelled ``plain`` run without the kernel's inline PTX (``score_pages(ptx=False)``), to time what it
+saves; they are never proposed as a tuning.
 
 Usage::
 
@@ -35,10 +37,13 @@ SHAPES = [
     ("llama3.1-8b", 8, 32, (1 << 20, 1 << 17)),
 ]
 PATHS = ("dot", "dot1", "half", "dot1t", "halft", "direction", "broadcast")
-#: (coef_path, tile_pages, num_warps) per GQA group size
+#: (coef_path, tile_pages, num_warps, inline PTX) per GQA group size; the defaults and their nearest rival also
+#: without the inline PTX (label suffix " plain": Triton's own tl.log2 and int8 -> fp16), to time what it saves
 VARIANTS = {
-    16: [(p, tp, nw) for p in PATHS for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))],
-    4: [(p, tp, nw) for p in PATHS for tp, nw in ((32, 4), (16, 4))],
+    16: [(p, tp, nw, True) for p in PATHS for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))]
+    + [("dot1t", 16, 4, False), ("dot1", 16, 4, False)],
+    4: [(p, tp, nw, True) for p in PATHS for tp, nw in ((32, 4), (16, 4))]
+    + [("half", 16, 4, False), ("dot1t", 32, 4, False)],
 }
 
 
@@ -51,7 +56,7 @@ def fastest_tuning(row: dict, default: str, margin: float = 0.9) -> str:
     """``PATH,TILE_PAGES,NUM_WARPS`` of the fastest variant of a row, or "" when the ``default`` variant (label
     ``"PATH tpTILE wWARPS"``, the kernel's ``default_tuning`` for the row's group size) is within ``1 / margin`` of
     it (or missing)."""
-    ok = {k: v for k, v in row["ms"].items() if v is not None}
+    ok = {k: v for k, v in row["ms"].items() if v is not None and not k.endswith(" plain")}
     best = min(ok, key=ok.get)
     if default in ok and ok[best] >= margin * ok[default]:
         return ""
@@ -92,12 +97,12 @@ def main() -> int:
             reference = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, coef_path="dot").clone()
             finite = torch.isfinite(reference)
             top = reference[finite].abs().max().item()
-            for path, tp, nw in VARIANTS[groups]:
-                label = f"{path} tp{tp} w{nw}"
+            for path, tp, nw, ptx in VARIANTS[groups]:
+                label = f"{path} tp{tp} w{nw}" + ("" if ptx else " plain")
                 out = torch.empty_like(reference)
                 try:
                     lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, out=out, tile_pages=tp, num_warps=nw,
-                                   coef_path=path)
+                                   coef_path=path, ptx=ptx)
                 except Exception as exc:  # a tile the compiler refuses (registers, shared memory)
                     row["ms"][label] = None
                     row["max_rel_diff"][label] = f"{type(exc).__name__}: {str(exc)[:160]}"
@@ -107,8 +112,8 @@ def main() -> int:
                 row["max_rel_diff"][label] = diff
                 if diff > 1e-3:
                     failures.append(f"{name} {ctx}: {label} differs from dot by {diff:.2e}")
-                ms, _ = timer(lambda p=path, t=tp, w=nw, o=out: lk.score_pages(
-                    s.q, s.store, table, lens, 16, BLOCK, out=o, tile_pages=t, num_warps=w, coef_path=p))
+                ms, _ = timer(lambda p=path, t=tp, w=nw, o=out, x=ptx: lk.score_pages(
+                    s.q, s.store, table, lens, 16, BLOCK, out=o, tile_pages=t, num_warps=w, coef_path=p, ptx=x))
                 row["ms"][label] = round(ms, 4)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -79,6 +79,28 @@ def test_colwise8_coefficient_paths_match_ops(path, groups, rank):
     _check_scores(sc, "colwise8", sc.q.bfloat16().float(), tolerance, rank, coef_path=path)
 
 
+@pytest.mark.parametrize("ptx", [True, False], ids=["ptx", "plain"])
+@pytest.mark.parametrize("path,groups", [("half", 4), ("dot1t", 16), ("dot", 7)], ids=lambda v: str(v))
+def test_colwise8_scores_with_and_without_inline_ptx(path, groups, ptx):
+    """The inline PTX (lg2.approx for the log-sum-exp, int8 -> fp16 four at a time) and Triton's own tl.log2 and
+    conversions both give the ops scores (under the interpreter both run the plain code)."""
+    sc = make_scenario([16 * 20 + 3, 16 * 9], num_kv_heads=2, groups=groups, head_dim=128, seed=groups, key_offset=20.0)
+    tolerance = 1e-4 if path == "dot" else 1e-3
+    _check_scores(sc, "colwise8", sc.q.bfloat16().float(), tolerance, coef_path=path, ptx=ptx)
+
+
+def test_ptx_switch_from_the_environment(monkeypatch):
+    import triton
+
+    from locks_kernels.score import PTX_ENV, _score_pages_kernel, use_ptx
+
+    compiled = isinstance(_score_pages_kernel, triton.runtime.JITFunction)  # False under the interpreter
+    monkeypatch.delenv(PTX_ENV, raising=False)
+    assert use_ptx() is compiled and use_ptx(False) is False and use_ptx(True) is compiled
+    monkeypatch.setenv(PTX_ENV, "0")
+    assert use_ptx() is False and use_ptx(True) is compiled
+
+
 def test_score_tuning_override_from_the_environment(monkeypatch):
     from locks_kernels.score import TUNING_ENV, score_tuning
 
