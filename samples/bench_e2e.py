@@ -146,6 +146,8 @@ def run_engine(args: argparse.Namespace) -> dict:
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
         # the score kernel's tuning override (locks_kernels.score.TUNING_ENV), if the run set one
         "score_tuning": os.environ.get("LOCKS_SCORE_TUNING") or None if locks else None,
+        # "0": the score kernel without its inline PTX (locks_kernels.score.PTX_ENV)
+        "score_ptx": os.environ.get("LOCKS_SCORE_PTX") or None if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_engine.vllm_backend.scheduler)
         "prefix_walk": not args.no_prefix_walk,
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
@@ -530,11 +532,11 @@ def print_table(results: list[dict]) -> None:
 
 # ------------------------------------------------------------------------------------------------------ summary
 def locks_label(result: dict) -> str | None:
-    """The summary format of a LOCKS result, with its score-kernel tuning override when it had one
-    (``"colwise8 score dot1t,16,4"``); None for FLASH_ATTN."""
+    """The summary format of a LOCKS result, with its score-kernel overrides when it had any (``"colwise8 score
+    dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``); None for FLASH_ATTN."""
     if result["backend"] != "locks":
         return None
-    tuning = result.get("score_tuning")
+    tuning = ",".join(filter(None, [result.get("score_tuning"), "plain" if result.get("score_ptx") == "0" else ""]))
     return f"{result.get('summary_format')} score {tuning}" if tuning else result.get("summary_format")
 
 
@@ -577,8 +579,9 @@ def summarize(args: argparse.Namespace) -> int:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
-        if r.get("score_tuning"):
-            row["score_tuning"] = r["score_tuning"]
+        label = locks_label(r)
+        if " score " in label:
+            row["score_tuning"] = label.split(" score ")[1]
         row.update({
             "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
             "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],

@@ -178,6 +178,7 @@ def test_summarize_keeps_a_score_tuning_override_out_of_the_depth_fit(bench, tmp
     assert fit["locks_tpot_ms"] == pytest.approx(3.5 + 0.125 * 40) and "score_tuning" not in fit
     panels, _ = bench.plot_panels(rows)
     assert [(kind, len(rs)) for kind, _, rs in panels] == [("depth", 3)]
+    assert bench.locks_label({**glm(8, "locks", 3.0), "score_ptx": "0"}) == "chanlog score plain"
 
 
 def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
