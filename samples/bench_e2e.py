@@ -540,6 +540,12 @@ def locks_label(result: dict) -> str | None:
     return f"{result.get('summary_format')} score {tuning}" if tuning else result.get("summary_format")
 
 
+def label_parts(label: str | None) -> tuple[str | None, str | None]:
+    """``(summary_format, score-kernel overrides or None)`` of a ``locks_label``."""
+    fmt, _, tuning = (label or "").partition(" score ")
+    return fmt or None, tuning or None
+
+
 def by_format_last(item: tuple) -> tuple:
     """Sort key for ``{(..., summary_format): value}`` items: the format is None for FLASH_ATTN."""
     return item[0][:-1], item[0][-1] or ""
@@ -564,7 +570,7 @@ def summarize(args: argparse.Namespace) -> int:
                 walk = r.get("prefix_walk", True)
                 cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk, fmt)] = (r, c)
     rows = []
-    for (shape, layers, tp, ctx, batch, backend, walk, _), (r, c) in sorted(cells.items(), key=by_format_last):
+    for (shape, layers, tp, ctx, batch, backend, walk, label), (r, c) in sorted(cells.items(), key=by_format_last):
         if backend != "locks":
             continue
         dense = cells.get((shape, layers, tp, ctx, batch, "flash", walk, None))
@@ -579,9 +585,8 @@ def summarize(args: argparse.Namespace) -> int:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
-        label = locks_label(r)
-        if " score " in label:
-            row["score_tuning"] = label.split(" score ")[1]
+        if label_parts(label)[1]:
+            row["score_tuning"] = label_parts(label)[1]
         row.update({
             "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
             "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
@@ -633,7 +638,7 @@ def depth_fits(cells: dict) -> list[dict]:
         floor_ms = per_layer_kv / HBM_PEAK_BYTES_S * 1e3
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None,
-            "summary_format": fmt.split(" score ")[0] if fmt else fmt,
+            "summary_format": label_parts(fmt)[0],
             "dense_tpot_ms": round(fit_d[0] + fit_d[1] * full, 3), "locks_tpot_ms": round(fit_l[0] + fit_l[1] * full, 3),
             "dense_prefill_s": None, "locks_prefill_s": None, "pages_read_frac": None, "layers": full,
             "extrapolated": True,
@@ -661,8 +666,8 @@ def depth_fits(cells: dict) -> list[dict]:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
-        if fmt and " score " in fmt:
-            row["score_tuning"] = fmt.split(" score ")[1]
+        if label_parts(fmt)[1]:
+            row["score_tuning"] = label_parts(fmt)[1]
         rows.append(row)
     return rows
 
