@@ -302,13 +302,14 @@ COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4, "d
 def default_tuning(groups: int, summary_format: str) -> tuple[str, int]:
     """``(coef_path, tile_pages)`` of the score kernel, the fastest measured for a GQA group size.
 
-    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-02, second run;
-    us for one layer at batch 1): G = 16 ``dot1t`` 16 pages 112.1 at 1M (``dot1`` 121.5, ``dot`` 132.1), 23.3 at
-    128K (24.1, 25.1); G = 4 ``half`` 16 pages 346.8 at 1M (``dot1t`` 32 pages 349.4, ``dot`` 382.8), 55.1 at 128K
-    (55.9 with ``dot1t``). G <= 4 takes G = 4's choice, larger groups G = 16's. ``coef_path`` only matters for
-    ``colwise8``; the other formats keep their tiles (16 pages for ``chanlog`` and for groups over 4, else 32)."""
+    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-02, third run,
+    inline PTX on; us for one layer at batch 1): G = 16 ``dot1t`` 16 pages 107.9 at 1M (``halft`` 8 pages 106.6,
+    ``dot1`` 116.3, ``dot`` 126.1), 22.3 at 128K; G = 4 ``halft`` 16 pages 305.8 at 1M (``half`` 315.3, ``dot1t``
+    32 pages 344.6), 50.6 at 128K (51.2 with ``half``). G <= 4 takes G = 4's choice, larger groups G = 16's.
+    ``coef_path`` only matters for ``colwise8``; the other formats keep their tiles (16 pages for ``chanlog`` and
+    for groups over 4, else 32)."""
     if summary_format == "colwise8":
-        return ("half", 16) if groups <= 4 else ("dot1t", 16)
+        return ("halft", 16) if groups <= 4 else ("dot1t", 16)
     return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32
 
 
@@ -447,7 +448,7 @@ def score_pages(
             fp16 pair, one product for the tile) or ``"int8"`` (scales folded into a per-page fixed-point
             query); tuning only, equal results within rounding.
         coef_path (str | None): how ``colwise8`` contracts the ``B x r`` coefficients with ``V q`` (a name of
-            ``COEF_PATHS``; default ``default_tuning``'s: ``half`` for groups up to 4, else ``dot1t``, both of
+            ``COEF_PATHS``; default ``default_tuning``'s: ``halft`` for groups up to 4, else ``dot1t``, both of
             which round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
         ptx (bool | None): inline PTX for the log-sum-exp's log2 and the int8 -> fp16 conversions (``use_ptx``;
             default on unless ``$LOCKS_SCORE_PTX=0``, never under the interpreter); the same scores within ~2^-22.

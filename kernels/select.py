@@ -61,9 +61,34 @@ def _kth_largest(keys, K):
 
 
 @triton.jit
-def _take_top(keys, K):
+def _kth_largest_radix(keys, K):
+    """:func:`_kth_largest` by radix select: four rounds, one per byte of the keys from the top, each a
+    256-bin histogram of that byte over the keys that share the bytes fixed so far (``tl.histogram``, one
+    warp ballot per bit of the bin), a suffix sum, and the byte where the suffix sum first reaches the
+    count still needed. The K-th largest key ``>= 1`` is the largest ``t`` with ``K`` keys ``>= t``."""
+    o_b = tl.arange(0, 256)
+    live = keys >= 1
+    need = tl.zeros([], dtype=tl.int32) + K
+    t = tl.zeros([], dtype=tl.int32)
+    enough = tl.sum(live.to(tl.int32), axis=0) >= K
+    for i in tl.static_range(4):
+        digit = (keys >> (24 - 8 * i)) & 255
+        hist = tl.histogram(digit, 256, mask=live)
+        suffix = tl.cumsum(hist, axis=0, reverse=True)  # keys with this byte >= b
+        b = tl.maximum(tl.sum((suffix >= need).to(tl.int32), axis=0) - 1, 0)
+        need -= tl.sum(tl.where(o_b > b, hist, 0), axis=0)
+        t = t | (b << (24 - 8 * i))
+        live = live & (digit == b)
+    return tl.where(enough, t, 1)
+
+
+@triton.jit
+def _take_top(keys, K, RADIX: tl.constexpr):
     """Mask of the ``K`` largest keys ``>= 1`` (ties towards lower positions) and each one's output slot."""
-    t = _kth_largest(keys, K)
+    if RADIX:
+        t = _kth_largest_radix(keys, K)
+    else:
+        t = _kth_largest(keys, K)
     above = keys > t
     tied = keys == t
     take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= K - tl.sum(above.to(tl.int32), axis=0)))
@@ -75,7 +100,7 @@ def _chunk_topk_kernel(
     scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
     stride_ss, stride_sh, HQ, PMAX, NCHUNK, K,
     B: tl.constexpr, G: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
-    SINK: tl.constexpr, RECENT: tl.constexpr,
+    SINK: tl.constexpr, RECENT: tl.constexpr, RADIX: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
@@ -97,7 +122,7 @@ def _chunk_topk_kernel(
     forced = (o_p < SINK) | (o_p >= num_pages - 1 - RECENT)
     b_pri = tl.where(forced, 2.0, b_pri)
     keys = tl.where(o_p < num_pages, b_pri.to(tl.int32, bitcast=True) + 1, 0)
-    take, slot, n_taken = _take_top(keys, K)
+    take, slot, n_taken = _take_top(keys, K, RADIX)
     base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
     tl.store(cand_key_ptr + base + slot, keys, mask=take)
     tl.store(cand_page_ptr + base + slot, o_p, mask=take)
@@ -107,13 +132,13 @@ def _chunk_topk_kernel(
 
 @triton.jit
 def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_oh, NCHUNK, K,
-                       KP: tl.constexpr, NP: tl.constexpr):
+                       KP: tl.constexpr, NP: tl.constexpr, RADIX: tl.constexpr):
     i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_n = tl.arange(0, NP)
     base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
     keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
     pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
-    take, slot, n_taken = _take_top(keys, K)
+    take, slot, n_taken = _take_top(keys, K, RADIX)
     p_out = out_ptr + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + slot, pages.to(tl.int64), mask=take)
     o_k = tl.arange(0, KP)
@@ -122,7 +147,7 @@ def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_o
 
 @triton.jit
 def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUNK, NGROUP, K,
-                       GROUP: tl.constexpr, KP: tl.constexpr):
+                       GROUP: tl.constexpr, KP: tl.constexpr, RADIX: tl.constexpr):
     """Top ``K`` candidates of chunks ``[g * GROUP, (g + 1) * GROUP)``, stored as one chunk's candidates."""
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_n = tl.arange(0, GROUP * KP)
@@ -131,7 +156,7 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
     valid = first + o_n < NCHUNK * KP
     keys = tl.load(key_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
     pages = tl.load(page_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
-    take, slot, n_taken = _take_top(keys, K)
+    take, slot, n_taken = _take_top(keys, K, RADIX)
     base = (head * NGROUP + i_g) * KP
     tl.store(key_out_ptr + base + slot, keys, mask=take)
     tl.store(page_out_ptr + base + slot, pages, mask=take)
@@ -147,6 +172,8 @@ CHUNK = 2048
 MAX_MERGE_KEYS = 2048
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
+#: find the K-th largest key by radix select (4 histogram rounds) instead of the 8-ary search (11 rounds)
+RADIX = False
 
 
 def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
@@ -166,7 +193,7 @@ def _warps(n: int) -> int:
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -183,6 +210,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
     kp = triton.next_power_of_2(slots)
     assert not group or group & (group - 1) == 0, "group must be a power of two"
     chunk, group = plan(pmax, kp, chunk, group)
+    radix = RADIX if radix is None else radix
     nchunk = triton.cdiv(pmax, chunk)
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
@@ -218,6 +246,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
+        RADIX=radix,
         num_warps=_warps(chunk),
     )
     if group:
@@ -226,7 +255,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
         group_page = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
         _group_topk_kernel[(ngroup, num_kv_heads, seqs)](
             cand_key, cand_page, group_key, group_page, nchunk, ngroup, slots,
-            GROUP=group, KP=kp, num_warps=_warps(group * kp),
+            GROUP=group, KP=kp, RADIX=radix, num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
     _merge_topk_kernel[(num_kv_heads, seqs)](
@@ -239,6 +268,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
         slots,
         KP=kp,
         NP=triton.next_power_of_2(nchunk * kp),
+        RADIX=radix,
         num_warps=_warps(nchunk * kp),
     )
     return out
@@ -252,6 +282,7 @@ def select_pages(
     out: Tensor | None = None,
     chunk: int | None = None,
     group: int | None = None,
+    radix: bool | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -270,9 +301,11 @@ def select_pages(
         chunk (int | None): pages per program in the first pass (a power of two >= K; tuning only).
         group (int | None): chunks per program of the group pass, a power of two (0: none; tuning only);
             None: :func:`plan` decides.
+        radix (bool | None): find each program's K-th largest key by radix select (True) or by the 8-ary
+            search (False); None: :data:`RADIX`. The same pages either way (tuning only).
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group)
+    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix)

@@ -43,7 +43,7 @@ VARIANTS = {
     16: [(p, tp, nw, True) for p in PATHS for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))]
     + [("dot1t", 16, 4, False), ("dot1", 16, 4, False)],
     4: [(p, tp, nw, True) for p in PATHS for tp, nw in ((32, 4), (16, 4))]
-    + [("half", 16, 4, False), ("dot1t", 32, 4, False)],
+    + [("halft", 16, 4, False), ("half", 16, 4, False)],
 }
 
 
