@@ -61,34 +61,9 @@ def _kth_largest(keys, K):
 
 
 @triton.jit
-def _kth_largest_radix(keys, K):
-    """:func:`_kth_largest` by radix select: four rounds, one per byte of the keys from the top, each a
-    256-bin histogram of that byte over the keys that share the bytes fixed so far (``tl.histogram``, one
-    warp ballot per bit of the bin), a suffix sum, and the byte where the suffix sum first reaches the
-    count still needed. The K-th largest key ``>= 1`` is the largest ``t`` with ``K`` keys ``>= t``."""
-    o_b = tl.arange(0, 256)
-    live = keys >= 1
-    need = tl.zeros([], dtype=tl.int32) + K
-    t = tl.zeros([], dtype=tl.int32)
-    enough = tl.sum(live.to(tl.int32), axis=0) >= K
-    for i in tl.static_range(4):
-        digit = (keys >> (24 - 8 * i)) & 255
-        hist = tl.histogram(digit, 256, mask=live)
-        suffix = tl.cumsum(hist, axis=0, reverse=True)  # keys with this byte >= b
-        b = tl.maximum(tl.sum((suffix >= need).to(tl.int32), axis=0) - 1, 0)
-        need -= tl.sum(tl.where(o_b > b, hist, 0), axis=0)
-        t = t | (b << (24 - 8 * i))
-        live = live & (digit == b)
-    return tl.where(enough, t, 1)
-
-
-@triton.jit
-def _take_top(keys, K, RADIX: tl.constexpr):
+def _take_top(keys, K):
     """Mask of the ``K`` largest keys ``>= 1`` (ties towards lower positions) and each one's output slot."""
-    if RADIX:
-        t = _kth_largest_radix(keys, K)
-    else:
-        t = _kth_largest(keys, K)
+    t = _kth_largest(keys, K)
     above = keys > t
     tied = keys == t
     take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= K - tl.sum(above.to(tl.int32), axis=0)))
@@ -99,30 +74,33 @@ def _take_top(keys, K, RADIX: tl.constexpr):
 def _chunk_topk_kernel(
     scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
     stride_ss, stride_sh, HQ, PMAX, NCHUNK, K,
-    B: tl.constexpr, G: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
-    SINK: tl.constexpr, RECENT: tl.constexpr, RADIX: tl.constexpr,
+    B: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
+    SINK: tl.constexpr, RECENT: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
     o_n = tl.arange(0, NCP)
+    o_g = tl.arange(0, GP)
     num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
-    b_pri = tl.zeros([C], dtype=tl.float32)
-    for g in range(G):
-        hq = i_h * G + g
-        p_part = part_ptr + ((i_s * HQ + hq) * NCHUNK + o_n) * 2
-        b_m = tl.load(p_part, mask=o_n < NCHUNK, other=float("-inf"))
-        b_l = tl.load(p_part + 1, mask=o_n < NCHUNK, other=0.0)
-        top = tl.max(b_m, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(b_l * tl.exp(b_m - top), axis=0)
-        lse = top + tl.log(tl.where(total > 0.0, total, 1.0))
-        b_s = tl.load(scores_ptr + i_s * stride_ss + hq * stride_sh + o_p, mask=o_p < PMAX, other=float("-inf"))
-        b_pri += tl.where(total > 0.0, tl.exp(b_s - lse), 0.0)
-    b_pri = b_pri / G
+    # the group's query heads as one [GP, ...] block: every load is issued at once, not one round trip a head
+    m_g = o_g < G
+    hq = i_h * G + o_g
+    m_n = m_g[:, None] & (o_n < NCHUNK)[None, :]
+    p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NCHUNK + o_n[None, :]) * 2  # [GP, NCP]
+    b_m = tl.load(p_part, mask=m_n, other=float("-inf"))
+    b_l = tl.load(p_part + 1, mask=m_n, other=0.0)
+    m_p = m_g[:, None] & (o_p < PMAX)[None, :]
+    b_s = tl.load(scores_ptr + i_s * stride_ss + hq[:, None] * stride_sh + o_p[None, :], mask=m_p,
+                  other=float("-inf"))  # [GP, C]
+    top = tl.max(b_m, axis=1)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(b_l * tl.exp(b_m - top[:, None]), axis=1)
+    lse = top + tl.log(tl.where(total > 0.0, total, 1.0))  # [GP]
+    b_pri = tl.sum(tl.where((total > 0.0)[:, None], tl.exp(b_s - lse[:, None]), 0.0), axis=0) / G
     forced = (o_p < SINK) | (o_p >= num_pages - 1 - RECENT)
     b_pri = tl.where(forced, 2.0, b_pri)
     keys = tl.where(o_p < num_pages, b_pri.to(tl.int32, bitcast=True) + 1, 0)
-    take, slot, n_taken = _take_top(keys, K, RADIX)
+    take, slot, n_taken = _take_top(keys, K)
     base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
     tl.store(cand_key_ptr + base + slot, keys, mask=take)
     tl.store(cand_page_ptr + base + slot, o_p, mask=take)
@@ -132,13 +110,13 @@ def _chunk_topk_kernel(
 
 @triton.jit
 def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_oh, NCHUNK, K,
-                       KP: tl.constexpr, NP: tl.constexpr, RADIX: tl.constexpr):
+                       KP: tl.constexpr, NP: tl.constexpr):
     i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_n = tl.arange(0, NP)
     base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
     keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
     pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
-    take, slot, n_taken = _take_top(keys, K, RADIX)
+    take, slot, n_taken = _take_top(keys, K)
     p_out = out_ptr + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + slot, pages.to(tl.int64), mask=take)
     o_k = tl.arange(0, KP)
@@ -147,7 +125,7 @@ def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_o
 
 @triton.jit
 def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUNK, NGROUP, K,
-                       GROUP: tl.constexpr, KP: tl.constexpr, RADIX: tl.constexpr):
+                       GROUP: tl.constexpr, KP: tl.constexpr):
     """Top ``K`` candidates of chunks ``[g * GROUP, (g + 1) * GROUP)``, stored as one chunk's candidates."""
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_n = tl.arange(0, GROUP * KP)
@@ -156,7 +134,7 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
     valid = first + o_n < NCHUNK * KP
     keys = tl.load(key_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
     pages = tl.load(page_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
-    take, slot, n_taken = _take_top(keys, K, RADIX)
+    take, slot, n_taken = _take_top(keys, K)
     base = (head * NGROUP + i_g) * KP
     tl.store(key_out_ptr + base + slot, keys, mask=take)
     tl.store(page_out_ptr + base + slot, pages, mask=take)
@@ -172,8 +150,6 @@ CHUNK = 2048
 MAX_MERGE_KEYS = 2048
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
-#: find the K-th largest key by radix select (4 histogram rounds) instead of the 8-ary search (11 rounds)
-RADIX = False
 
 
 def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
@@ -189,11 +165,12 @@ def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None)
 
 
 def _warps(n: int) -> int:
-    """Warps for a search over ``n`` keys: the 8 threshold counts take ``8 n / (32 warps)`` registers a thread."""
+    """Warps for a block of ``n`` values: a search over ``n`` keys (the 8 threshold counts take ``8 n / (32
+    warps)`` registers a thread), or a chunk's ``[GP, C]`` scores (``n / (32 warps)`` a thread)."""
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix):
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -210,8 +187,8 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix):
     kp = triton.next_power_of_2(slots)
     assert not group or group & (group - 1) == 0, "group must be a power of two"
     chunk, group = plan(pmax, kp, chunk, group)
-    radix = RADIX if radix is None else radix
     nchunk = triton.cdiv(pmax, chunk)
+    groups = num_q_heads // num_kv_heads
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
@@ -240,14 +217,14 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix):
         nchunk,
         slots,
         B=cfg.page_size,
-        G=num_q_heads // num_kv_heads,
+        G=groups,
+        GP=triton.next_power_of_2(groups),
         C=chunk,
         NCP=triton.next_power_of_2(nchunk),
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
-        RADIX=radix,
-        num_warps=_warps(chunk),
+        num_warps=_warps(triton.next_power_of_2(groups) * chunk),
     )
     if group:
         ngroup = triton.cdiv(nchunk, group)
@@ -255,7 +232,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix):
         group_page = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
         _group_topk_kernel[(ngroup, num_kv_heads, seqs)](
             cand_key, cand_page, group_key, group_page, nchunk, ngroup, slots,
-            GROUP=group, KP=kp, RADIX=radix, num_warps=_warps(group * kp),
+            GROUP=group, KP=kp, num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
     _merge_topk_kernel[(num_kv_heads, seqs)](
@@ -268,7 +245,6 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix):
         slots,
         KP=kp,
         NP=triton.next_power_of_2(nchunk * kp),
-        RADIX=radix,
         num_warps=_warps(nchunk * kp),
     )
     return out
@@ -282,7 +258,6 @@ def select_pages(
     out: Tensor | None = None,
     chunk: int | None = None,
     group: int | None = None,
-    radix: bool | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -301,11 +276,9 @@ def select_pages(
         chunk (int | None): pages per program in the first pass (a power of two >= K; tuning only).
         group (int | None): chunks per program of the group pass, a power of two (0: none; tuning only);
             None: :func:`plan` decides.
-        radix (bool | None): find each program's K-th largest key by radix select (True) or by the 8-ary
-            search (False); None: :data:`RADIX`. The same pages either way (tuning only).
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, radix)
+    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group)

@@ -223,30 +223,6 @@ def test_group_pass_selects_what_one_merge_selects(chunk, group):
     assert torch.equal(one >= 0, select_pages(scores, seq_lens, 2, cfg) >= 0)
 
 
-RADIX_CASES = {
-    "ties": ([16 * 150 - 5, 16 * 37, 16 * 9], 150, 160, 16, 4),
-    "fewer_pages_than_k": ([16 * 7, 5], 150, 320, 32, 0),
-    "one_chunk": ([16 * 90 + 1], 100, 480, 0, 0),
-}
-
-
-@pytest.mark.parametrize("case", RADIX_CASES.values(), ids=RADIX_CASES.keys())
-def test_radix_select_takes_the_pages_the_search_takes(case):
-    """Radix select and the 8-ary search find the same K-th largest key in every program (chunk, group and
-    merge passes), ties and rows with fewer than K pages included, so they select the same pages."""
-    lengths, pmax, budget, chunk, group = case
-    cfg = LocksConfig(budget=budget, sink_pages=1, recent_pages=2)
-    seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    scores = _random_scores(len(lengths), 8, pmax, seq_lens, seed=pmax + budget)
-    scores[0, :, 40:60] = 0.5  # ties across chunk and group borders
-    args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
-    tuning = {"chunk": chunk or None, "group": group}
-    search = lk.select_pages(*args, radix=False, **tuning).cpu()
-    radix = lk.select_pages(*args, radix=True, **tuning).cpu()
-    assert torch.equal(radix, search)
-    assert torch.equal(radix >= 0, select_pages(scores, seq_lens, 2, cfg) >= 0)
-
-
 @pytest.mark.parametrize(
     "pmax, expected",
     [(65_576, (2048, 8)), (16_424, (2048, 0)), (8_232, (2048, 0)), (70, (128, 0)), (300, (512, 0))],
