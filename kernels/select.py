@@ -74,29 +74,32 @@ def _take_top(keys, K):
 def _chunk_topk_kernel(
     scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
     stride_ss, stride_sh, HQ, PMAX, NCHUNK, K,
-    B: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
+    B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
     SINK: tl.constexpr, RECENT: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
     o_n = tl.arange(0, NCP)
-    o_g = tl.arange(0, GP)
+    o_g = tl.arange(0, GB)
     num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
-    # the group's query heads as one [GP, ...] block: every load is issued at once, not one round trip a head
-    m_g = o_g < G
-    hq = i_h * G + o_g
-    m_n = m_g[:, None] & (o_n < NCHUNK)[None, :]
-    p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NCHUNK + o_n[None, :]) * 2  # [GP, NCP]
-    b_m = tl.load(p_part, mask=m_n, other=float("-inf"))
-    b_l = tl.load(p_part + 1, mask=m_n, other=0.0)
-    m_p = m_g[:, None] & (o_p < PMAX)[None, :]
-    b_s = tl.load(scores_ptr + i_s * stride_ss + hq[:, None] * stride_sh + o_p[None, :], mask=m_p,
-                  other=float("-inf"))  # [GP, C]
-    top = tl.max(b_m, axis=1)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.sum(b_l * tl.exp(b_m - top[:, None]), axis=1)
-    lse = top + tl.log(tl.where(total > 0.0, total, 1.0))  # [GP]
-    b_pri = tl.sum(tl.where((total > 0.0)[:, None], tl.exp(b_s - lse[:, None]), 0.0), axis=0) / G
+    b_pri = tl.zeros([C], dtype=tl.float32)
+    # GB query heads a block: their loads are issued at once (GB = GP: one round trip for the whole group)
+    for g0 in range(0, G, GB):
+        m_g = g0 + o_g < G
+        hq = i_h * G + g0 + o_g
+        m_n = m_g[:, None] & (o_n < NCHUNK)[None, :]
+        p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NCHUNK + o_n[None, :]) * 2  # [GB, NCP]
+        b_m = tl.load(p_part, mask=m_n, other=float("-inf"))
+        b_l = tl.load(p_part + 1, mask=m_n, other=0.0)
+        m_p = m_g[:, None] & (o_p < PMAX)[None, :]
+        b_s = tl.load(scores_ptr + i_s * stride_ss + hq[:, None] * stride_sh + o_p[None, :], mask=m_p,
+                      other=float("-inf"))  # [GB, C]
+        top = tl.max(b_m, axis=1)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.sum(b_l * tl.exp(b_m - top[:, None]), axis=1)
+        lse = top + tl.log(tl.where(total > 0.0, total, 1.0))  # [GB]
+        b_pri += tl.sum(tl.where((total > 0.0)[:, None], tl.exp(b_s - lse[:, None]), 0.0), axis=0)
+    b_pri = b_pri / G
     forced = (o_p < SINK) | (o_p >= num_pages - 1 - RECENT)
     b_pri = tl.where(forced, 2.0, b_pri)
     keys = tl.where(o_p < num_pages, b_pri.to(tl.int32, bitcast=True) + 1, 0)
@@ -150,6 +153,10 @@ CHUNK = 2048
 MAX_MERGE_KEYS = 2048
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
+#: the chunk pass loads all of a group's query heads as one block (16 warps at 2,048 pages) for groups larger than
+#: this, one head at a time (8 warps) otherwise: at GLM 1M (G = 16) one block took the whole selection from 44.4 to
+#: 34.7 us; at Llama 1M (G = 4) from 40.7 to 45.1 (``samples/bench_select.py``, 2026-12-02)
+HEADS_A_BLOCK_ABOVE = 4
 
 
 def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
@@ -189,6 +196,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
     chunk, group = plan(pmax, kp, chunk, group)
     nchunk = triton.cdiv(pmax, chunk)
     groups = num_q_heads // num_kv_heads
+    heads_a_block = triton.next_power_of_2(groups) if groups > HEADS_A_BLOCK_ABOVE else 1
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
@@ -218,13 +226,13 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
         slots,
         B=cfg.page_size,
         G=groups,
-        GP=triton.next_power_of_2(groups),
+        GB=heads_a_block,
         C=chunk,
         NCP=triton.next_power_of_2(nchunk),
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
-        num_warps=_warps(triton.next_power_of_2(groups) * chunk),
+        num_warps=_warps(heads_a_block * chunk),
     )
     if group:
         ngroup = triton.cdiv(nchunk, group)

@@ -148,6 +148,8 @@ def run_engine(args: argparse.Namespace) -> dict:
         "score_tuning": os.environ.get("LOCKS_SCORE_TUNING") or None if locks else None,
         # "0": the score kernel without its inline PTX (locks_kernels.score.PTX_ENV)
         "score_ptx": os.environ.get("LOCKS_SCORE_PTX") or None if locks else None,
+        # a name for the kernels' version (--kernels), so that summaries fit depths within one version only
+        "kernels": args.kernels if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_engine.vllm_backend.scheduler)
         "prefix_walk": not args.no_prefix_walk,
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
@@ -395,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--py-spy-steps", type=int, default=0,
                         help="after the cells, sample the host with py-spy over this many decode tokens (0: off)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed")
+    parser.add_argument("--kernels", default=None,
+                        help="name of the LOCKS kernels' version (a commit): rows and depth fits keep versions apart")
     parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
     parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
     parser.add_argument("--time-limit", type=float, default=420,
@@ -533,17 +537,27 @@ def print_table(results: list[dict]) -> None:
 # ------------------------------------------------------------------------------------------------------ summary
 def locks_label(result: dict) -> str | None:
     """The summary format of a LOCKS result, with its score-kernel overrides when it had any (``"colwise8 score
-    dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``); None for FLASH_ATTN."""
+    dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``) and its kernels' version when named (``"colwise8
+    kernels 8f39075"``); None for FLASH_ATTN."""
     if result["backend"] != "locks":
         return None
+    label = result.get("summary_format")
     tuning = ",".join(filter(None, [result.get("score_tuning"), "plain" if result.get("score_ptx") == "0" else ""]))
-    return f"{result.get('summary_format')} score {tuning}" if tuning else result.get("summary_format")
+    label += f" score {tuning}" if tuning else ""
+    return label + (f" kernels {result['kernels']}" if result.get("kernels") else "")
 
 
-def label_parts(label: str | None) -> tuple[str | None, str | None]:
-    """``(summary_format, score-kernel overrides or None)`` of a ``locks_label``."""
-    fmt, _, tuning = (label or "").partition(" score ")
-    return fmt or None, tuning or None
+def label_parts(label: str | None) -> tuple[str | None, str | None, str | None]:
+    """``(summary_format, score-kernel overrides, kernels' version)`` of a ``locks_label`` (None where absent)."""
+    rest, _, kernels = (label or "").partition(" kernels ")
+    fmt, _, tuning = rest.partition(" score ")
+    return fmt or None, tuning or None, kernels or None
+
+
+def label_fields(label: str | None) -> dict:
+    """The row fields a LOCKS label adds: ``score_tuning`` and ``kernels`` where the label has them."""
+    _, tuning, kernels = label_parts(label)
+    return {k: v for k, v in (("score_tuning", tuning), ("kernels", kernels)) if v}
 
 
 def by_format_last(item: tuple) -> tuple:
@@ -585,8 +599,7 @@ def summarize(args: argparse.Namespace) -> int:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
-        if label_parts(label)[1]:
-            row["score_tuning"] = label_parts(label)[1]
+        row.update(label_fields(label))
         row.update({
             "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
             "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
@@ -666,8 +679,7 @@ def depth_fits(cells: dict) -> list[dict]:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
-        if label_parts(fmt)[1]:
-            row["score_tuning"] = label_parts(fmt)[1]
+        row.update(label_fields(fmt))
         rows.append(row)
     return rows
 
@@ -708,18 +720,21 @@ WALK_NOTE = {True: "", False: ", no prefix walk"}
 def plot_panels(rows: list[dict]) -> tuple[list[tuple[str, tuple, list[dict]]], dict]:
     """The plot's panels, ``[(kind, key, rows)]``: ``("context", (shape, prefix_walk), ...)`` for measured batch-1
     rows at full depth, ``("depth", (shape, context, prefix_walk), ...)`` for shallower ones (two or more depths,
-    or one and a fit); and the extrapolated batch-1 rows by ``(shape, context, prefix_walk)``. Runs with and
-    without vLLM's prefix walk never share a panel."""
+    or one and a fit); and the extrapolated batch-1 rows by ``(shape, context, prefix_walk, kernels)``. Runs with
+    and without vLLM's prefix walk never share a panel. Rows of a named kernels' version are kept even without a
+    dense cell at their depth (a LOCKS line of their own beside the dense one)."""
     walk = lambda r: r.get("prefix_walk", True)  # noqa: E731
-    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1 and r["dense_tpot_ms"]]
+    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1
+                and (r["dense_tpot_ms"] or r.get("kernels"))]
     by_context, by_depth = {}, {}
     for r in measured:
         if r["layers"] == SHAPES[r["shape"]]["num_hidden_layers"]:
             by_context.setdefault((r["shape"], walk(r)), []).append(r)
         else:
             by_depth.setdefault((r["shape"], r["context"], walk(r)), []).append(r)
-    fits = {(r["shape"], r["context"], walk(r)): r for r in rows if r["extrapolated"] and r["batch"] == 1}
-    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k in fits}
+    fits = {(r["shape"], r["context"], walk(r), r.get("kernels")): r
+            for r in rows if r["extrapolated"] and r["batch"] == 1}
+    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k + (None,) in fits}
     panels = [("context", k, v) for k, v in sorted(by_context.items())]
     panels += [("depth", k, v) for k, v in sorted(by_depth.items())]
     return panels, fits
@@ -753,10 +768,15 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.set_title(f"{shape}, {SHAPES[shape]['num_hidden_layers']} layers" + WALK_NOTE[walk])
         else:
             shape, ctx, walk = key
-            # rows run with a score-kernel tuning override are single points beside the lines, not on them
+            # rows run with a score-kernel tuning override are single points beside the lines, not on them; a
+            # named kernels' version is a LOCKS line of its own, with its own fit
             tuned = [r for r in pts if r.get("score_tuning")]
-            pts = sorted((r for r in pts if not r.get("score_tuning")), key=lambda r: r["layers"])
-            fit = fits.get(key)
+            versions = sorted({r["kernels"] for r in pts if r.get("kernels") and not r.get("score_tuning")})
+            series = {v: sorted((r for r in pts if r.get("kernels") == v and not r.get("score_tuning")),
+                                key=lambda r: r["layers"]) for v in versions}
+            pts = sorted((r for r in pts if not r.get("score_tuning") and not r.get("kernels")),
+                         key=lambda r: r["layers"])
+            fit = fits.get(key + (None,))
             prefixes = {"dense_tpot_ms": "dense", "locks_tpot_ms": "locks"}
             for field, (style, label) in labels.items():
                 line = ax.plot([r["layers"] for r in pts], [r[field] for r in pts], style[0], label=label)[0]
@@ -764,6 +784,14 @@ def plot(rows: list[dict], path: Path) -> None:
                     fixed = fit["fit"][f"{prefixes[field]}_fixed_ms"]
                     ax.plot([0, fit["layers"]], [fixed, fit[field]], ":", color=line.get_color())
                     ax.plot([fit["layers"]], [fit[field]], style[0], mfc="none", color=line.get_color())
+            for v, rs in series.items():
+                line = ax.plot([r["layers"] for r in rs], [r["locks_tpot_ms"] for r in rs], "D-",
+                               label=f"LOCKS, kernels {v}")[0]
+                vfit = fits.get(key + (v,))
+                if vfit:
+                    ax.plot([0, vfit["layers"]], [vfit["fit"]["locks_fixed_ms"], vfit["locks_tpot_ms"]], ":",
+                            color=line.get_color())
+                    ax.plot([vfit["layers"]], [vfit["locks_tpot_ms"]], "D", mfc="none", color=line.get_color())
             for r in tuned:
                 ax.plot([r["layers"]], [r["locks_tpot_ms"]], "*", ms=11, color="tab:red",
                         label=f"LOCKS, score kernel {r['score_tuning']}")

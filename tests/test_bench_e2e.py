@@ -181,6 +181,29 @@ def test_summarize_keeps_a_score_tuning_override_out_of_the_depth_fit(bench, tmp
     assert bench.locks_label({**glm(8, "locks", 3.0), "score_ptx": "0"}) == "chanlog score plain"
 
 
+def test_summarize_fits_a_named_kernels_version_on_its_own(bench, tmp_path) -> None:
+    """LOCKS engines named with ``--kernels`` make their own rows and their own depth fit against the dense
+    engines (which need not share a depth with them), apart from the unnamed LOCKS engines' fit."""
+    glm = lambda layers, backend, tpot: result("glm4-9b-1m", layers, backend, [cell(1 << 20, tpot)])  # noqa: E731
+    runs = [glm(4, "flash", 5.0), glm(24, "flash", 13.0), glm(4, "locks", 4.0), glm(24, "locks", 9.0),
+            {**glm(12, "locks", 5.0), "kernels": "abc"}, {**glm(24, "locks", 8.0), "kernels": "abc"}]
+    for i, r in enumerate(runs):
+        (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    assert bench.summarize(bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(out), meta="")) == 0
+    rows = json.loads(out.read_text())["rows"]
+    fits = {r.get("kernels"): r["fit"] for r in rows if r["extrapolated"]}
+    assert fits["abc"]["depths_locks"] == [12, 24] and fits["abc"]["locks_per_layer_ms"] == pytest.approx(0.25)
+    assert fits[None]["depths_locks"] == [4, 24] and fits[None]["locks_per_layer_ms"] == pytest.approx(0.25)
+    assert fits["abc"]["dense_per_layer_ms"] == pytest.approx(0.4) and fits["abc"]["per_layer_ratio"] == 1.6
+    at12 = [r for r in rows if r["layers"] == 12]
+    assert [(r["kernels"], r["dense_tpot_ms"], r["locks_tpot_ms"]) for r in at12] == [("abc", None, 5.0)]
+    panels, fits_by_key = bench.plot_panels(rows)
+    assert [(kind, len(rs)) for kind, _, rs in panels] == [("depth", 4)]
+    assert {k[-1] for k in fits_by_key} == {None, "abc"}
+    assert bench.label_parts(bench.locks_label(runs[-1])) == ("chanlog", None, "abc")
+
+
 def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
     """The flag goes on to every engine child; without it the engines get vLLM's defaults."""
     assert bench.prefix_walk_kwargs(False) == {}
@@ -205,7 +228,7 @@ def test_plot_panels_keep_runs_without_the_prefix_walk_apart(bench) -> None:
     keys = [(kind, key, len(rs)) for kind, key, rs in panels]
     assert keys == [("context", ("glm4-9b-1m", False), 1), ("context", ("glm4-9b-1m", True), 1),
                     ("depth", ("glm4-9b-1m", 1 << 20, False), 2), ("depth", ("glm4-9b-1m", 1 << 20, True), 2)]
-    assert list(fits) == [("glm4-9b-1m", 1 << 20, False)]
+    assert list(fits) == [("glm4-9b-1m", 1 << 20, False, None)]
 
 
 def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
