@@ -177,7 +177,7 @@ def _warps(n: int) -> int:
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -196,7 +196,9 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
     chunk, group = plan(pmax, kp, chunk, group)
     nchunk = triton.cdiv(pmax, chunk)
     groups = num_q_heads // num_kv_heads
-    heads_a_block = triton.next_power_of_2(groups) if groups > HEADS_A_BLOCK_ABOVE else 1
+    if heads_a_block is None:
+        heads_a_block = triton.next_power_of_2(groups) if groups > HEADS_A_BLOCK_ABOVE else 1
+    assert heads_a_block >= 1 and heads_a_block & (heads_a_block - 1) == 0, "heads_a_block must be a power of two"
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
@@ -232,7 +234,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group):
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
-        num_warps=_warps(heads_a_block * chunk),
+        num_warps=chunk_warps or _warps(heads_a_block * chunk),
     )
     if group:
         ngroup = triton.cdiv(nchunk, group)
@@ -266,6 +268,8 @@ def select_pages(
     out: Tensor | None = None,
     chunk: int | None = None,
     group: int | None = None,
+    heads_a_block: int | None = None,
+    chunk_warps: int | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -284,9 +288,12 @@ def select_pages(
         chunk (int | None): pages per program in the first pass (a power of two >= K; tuning only).
         group (int | None): chunks per program of the group pass, a power of two (0: none; tuning only);
             None: :func:`plan` decides.
+        heads_a_block (int | None): query heads the chunk pass loads as one block, a power of two (None: the
+            whole group for groups over :data:`HEADS_A_BLOCK_ABOVE`, else 1; tuning only).
+        chunk_warps (int | None): warps of a chunk-pass program (None: by the block's size; tuning only).
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group)
+    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps)

@@ -1,5 +1,6 @@
 """Top-K page selection alone on the GPU: the plan of ``locks_kernels.select`` (chunk size and group pass) against
-fixed plans, at the shapes of the end-to-end engines (GPU machine).
+fixed plans, and the chunk pass's query heads a block and warps, at the shapes of the end-to-end engines (GPU
+machine).
 
 Scores are random (fp32 `[S, HQ, Pmax]`, ``Pmax`` = the block table's width in pages for ``max_model_len`` =
 context + 640, as in ``bench_e2e.py``), budget 2048 tokens (K = 128 pages of 16); every plan must select the same
@@ -54,21 +55,24 @@ def main() -> int:
         seq_lens = torch.full((seqs,), ctx, dtype=torch.int32, device="cuda")
         out = torch.empty(seqs, heads, cfg.budget_pages, dtype=torch.int64, device="cuda")
         old_chunk = max(128, min(4096, 1 << (pmax - 1).bit_length()))
-        plans = {"before (chunk 4096, no group)": (old_chunk, 0), "plan": (None, None)}
-        for chunk, group in ((512, 8), (1024, 0), (1024, 8), (2048, 0), (2048, 8)):
-            plans[f"chunk {chunk}, group {group}"] = (chunk, group)
+        groups = q_heads // heads
+        plans = {"before (chunk 4096, no group)": (old_chunk, 0, 1, None), "plan": (None, None, None, None)}
+        for chunk, group in ((1024, 8), (2048, 0), (2048, 8)):
+            plans[f"chunk {chunk}, group {group}"] = (chunk, group, None, None)
+        # the chunk pass: the group's query heads as one block or one at a time, and its warps
+        for block, warps in ((groups, 8), (groups, 16), (1, 8), (1, 4)):
+            plans[f"plan, {block} heads a block, {warps} warps"] = (None, None, block, warps)
         row = {"shape": name, "context": ctx, "kv_heads": heads, "seqs": seqs, "pmax": pmax,
                "plan": plan(pmax, 128), "ms": {}}
         reference = None
-        for label, (chunk, group) in plans.items():
-            picked = lk.select_pages(scores, seq_lens, heads, cfg, chunk=chunk, group=group).clone()
+        for label, (chunk, group, block, warps) in plans.items():
+            tuning = {"chunk": chunk, "group": group, "heads_a_block": block, "chunk_warps": warps}
+            picked = lk.select_pages(scores, seq_lens, heads, cfg, **tuning).clone()
             if reference is None:
                 reference = picked
             elif not torch.equal(picked, reference):
                 failures.append(f"{name}: {label} selects other pages")
-            ms, _ = timer(
-                lambda c=chunk, g=group: lk.select_pages(scores, seq_lens, heads, cfg, out=out, chunk=c, group=g)
-            )
+            ms, _ = timer(lambda t=tuning: lk.select_pages(scores, seq_lens, heads, cfg, out=out, **t))
             row["ms"][label] = round(ms, 4)
         rows.append(row)
         print(json.dumps(row), flush=True)

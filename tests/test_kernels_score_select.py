@@ -223,6 +223,25 @@ def test_group_pass_selects_what_one_merge_selects(chunk, group):
     assert torch.equal(one >= 0, select_pages(scores, seq_lens, 2, cfg) >= 0)
 
 
+@pytest.mark.parametrize("groups", [1, 4, 7], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("block, warps", [(1, 4), (2, None), (8, 8)], ids=["1head_4warps", "2heads", "8heads_8warps"])
+def test_chunk_pass_heads_a_block_selects_the_same_pages(groups, block, warps):
+    """However many query heads the chunk pass loads as one block (masked past the group), and with however many
+    warps, the pages are the default's."""
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)
+    seq_lens = torch.tensor([16 * 150 - 5, 16 * 37], dtype=torch.int32)
+    scores = _random_scores(2, 2 * groups, 150, seq_lens, seed=groups + block)
+    args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
+    default = lk.select_pages(*args, chunk=32).cpu()
+    tuned = lk.select_pages(*args, chunk=32, heads_a_block=block, chunk_warps=warps).cpu()
+    assert torch.equal(tuned >= 0, default >= 0)
+    shares = group_mass_shares(scores, 2)
+    for s in range(2):
+        for h in range(2):
+            kept = [shares[s, h][sel[s, h][sel[s, h] >= 0]].sum() for sel in (tuned, default)]
+            assert torch.isclose(kept[0], kept[1], rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize(
     "pmax, expected",
     [(65_576, (2048, 8)), (16_424, (2048, 0)), (8_232, (2048, 0)), (70, (128, 0)), (300, (512, 0))],
