@@ -23,10 +23,10 @@ def run_chat(
 
     Raises:
         LocksChatError: no terminal, a document or ``--pages`` selection that cannot be read
-            (``check_document``), a setting LOCKS refuses or an unwritable data directory (before the screen
-            opens).
+            (``check_document``), a setting LOCKS refuses, a ``--model`` that cannot be found, a ``--context``
+            past the model's (``open_tokenizer``) or an unwritable data directory (before the screen opens).
     """
-    from locks_chat.engine import writable_engine_log
+    from locks_chat.engine import open_tokenizer, writable_engine_log
     from locks_chat.ingest.load import check_document
     from locks_chat.settings import load_settings
     from locks_chat.tui.app import build_app
@@ -43,6 +43,9 @@ def run_chat(
     )
     settings.locks_config()
     check_document(doc, password=password, pages=pages)
+    # a model that is not there, or a context past the model's, is refused here in one line, as ask does, not
+    # after the screen opened and the engine started (the built-in model not yet converted waits for the app)
+    open_tokenizer(settings.model, settings.context, convert=False)
     if not terminal_attached():
         raise LocksChatError(
             "the chat app needs a terminal (stdin and stdout); in scripts use: locks-chat ask FILE \"question\""
@@ -54,6 +57,7 @@ def run_chat(
     if app.fatal_error:
         raise DocumentError(app.fatal_error)
     if app.return_code == TERMINATED_EXIT_CODE:
-        raise TerminatedError("terminated: the conversation is saved")
+        saved = ": the conversation is saved" if app.chat.turns else " (no question asked: nothing to save)"
+        raise TerminatedError("terminated" + saved)
     if app.return_code:
         raise LocksChatError(f"the app stopped with an error (exit code {app.return_code})")

@@ -79,10 +79,18 @@ def test_dash_h_is_help(capsys, monkeypatch):
     assert exit_info.value.code in (0, None) and "Example: locks-chat ask" in capsys.readouterr().out
 
 
-def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, opened):
+@pytest.mark.parametrize("asked", [True, False], ids=["turns", "no-turns"])
+def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, asked):
+    """Exit 143; the message says the conversation is saved only when there is one."""
+    def run(self, *args, **kwargs):
+        self.chat.turns = ["a turn"] if asked else []
+
+    monkeypatch.setattr(LocksChatApp, "run", run)
+    monkeypatch.setattr("locks_chat.chat_command.terminal_attached", lambda: True)
     monkeypatch.setattr(LocksChatApp, "return_code", 143, raising=False)
     result = runner.invoke(app, ["chat", str(write_book(tmp_path))])
-    assert result.exit_code == 143 and result.stderr.strip() == "terminated: the conversation is saved"
+    expected = "terminated: the conversation is saved" if asked else "terminated (no question asked: nothing to save)"
+    assert result.exit_code == 143 and result.stderr.strip() == expected
 
 
 @pytest.mark.parametrize(
@@ -203,3 +211,30 @@ def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.startswith("locks-chat ")
     assert with_default_command(["--version"]) == ["--version"]
+
+
+def test_model_and_context_are_checked_before_the_app_opens(tmp_path, monkeypatch, opened):
+    """A ``--model`` that is not there or a ``--context`` past the model's is refused in one line, as ``ask`` does,
+    before the screen opens and the engine starts; nothing is saved."""
+    from locks_chat.errors import ContextError, ModelPathError
+
+    book = write_book(tmp_path)
+    calls = []
+
+    def open_tokenizer(model, max_model_len, convert=True):
+        calls.append((model, max_model_len, convert))
+        if model == "./nowhere":
+            raise ModelPathError("./nowhere: not a local model directory")
+        if max_model_len and max_model_len > 8192:
+            raise ContextError(f"--context {max_model_len:,} is more than this model's 8,192-token context")
+        return None
+
+    monkeypatch.setattr("locks_chat.engine.open_tokenizer", open_tokenizer)
+    missing = runner.invoke(app, ["chat", str(book), "--model", "./nowhere"])
+    too_long = runner.invoke(app, ["chat", str(book), "--context", "100000000"])
+    assert missing.exit_code != 0 and "not a local model directory" in missing.stderr
+    assert too_long.exit_code == 2 and "more than this model's" in too_long.stderr
+    assert "Traceback" not in missing.stderr + too_long.stderr and not opened
+    assert calls[-1] == (None, 100000000, False)
+    assert SessionStore().list_sessions() == []
+    assert runner.invoke(app, ["chat", str(book)]).exit_code == 0 and len(opened) == 1
