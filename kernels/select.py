@@ -6,7 +6,8 @@ Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]`
 2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
    group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
-   pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages).
+   pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages). The group's
+   query heads are loaded as one block for groups over :data:`HEADS_A_BLOCK_ABOVE`, else one head at a time.
 3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
    output is ascending without a sort. Where the chunks' candidates are many (long contexts),
    ``_group_topk_kernel`` first keeps the top ``K`` of
