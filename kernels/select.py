@@ -7,7 +7,7 @@ Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]`
    group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
    pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages). The group's
-   query heads are loaded as one block for groups over :data:`HEADS_A_BLOCK_ABOVE`, else one head at a time.
+   query heads are loaded as one block (up to :data:`BLOCK_SCORES` scores, then blocks of heads in turn).
 3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
    output is ascending without a sort. Where the chunks' candidates are many (long contexts),
    ``_group_topk_kernel`` first keeps the top ``K`` of
@@ -154,10 +154,13 @@ CHUNK = 2048
 MAX_MERGE_KEYS = 2048
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
-#: the chunk pass loads all of a group's query heads as one block (16 warps at 2,048 pages) for groups larger than
-#: this, one head at a time (8 warps) otherwise: at GLM 1M (G = 16) one block took the whole selection from 44.4 to
-#: 34.7 us; at Llama 1M (G = 4) from 40.7 to 45.1 (``samples/bench_select.py``, 2026-12-02)
-HEADS_A_BLOCK_ABOVE = 4
+#: the chunk pass loads a group's query heads as one block of up to this many scores (``[GB, C]``, 8 warps): one
+#: memory round trip for the group instead of one a head. ``samples/bench_select.py``, 2026-12-03, one H200, whole
+#: selection: GLM 1M (G = 16) 34.8 us, Llama 1M (G = 4) 39.0 us against 122.4 one head at a time (8 warps) and
+#: 80.7 (4 warps); 16 warps lost everywhere (45.2 at Llama 1M)
+BLOCK_SCORES = 16 * 2048
+#: warps of a chunk-pass program
+CHUNK_WARPS = 8
 
 
 def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
@@ -198,7 +201,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
     nchunk = triton.cdiv(pmax, chunk)
     groups = num_q_heads // num_kv_heads
     if heads_a_block is None:
-        heads_a_block = triton.next_power_of_2(groups) if groups > HEADS_A_BLOCK_ABOVE else 1
+        heads_a_block = min(triton.next_power_of_2(groups), max(1, BLOCK_SCORES // chunk))
     assert heads_a_block >= 1 and heads_a_block & (heads_a_block - 1) == 0, "heads_a_block must be a power of two"
     dev = scores.device
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
@@ -235,7 +238,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
-        num_warps=chunk_warps or _warps(heads_a_block * chunk),
+        num_warps=chunk_warps or CHUNK_WARPS,
     )
     if group:
         ngroup = triton.cdiv(nchunk, group)
@@ -290,8 +293,8 @@ def select_pages(
         group (int | None): chunks per program of the group pass, a power of two (0: none; tuning only);
             None: :func:`plan` decides.
         heads_a_block (int | None): query heads the chunk pass loads as one block, a power of two (None: the
-            whole group for groups over :data:`HEADS_A_BLOCK_ABOVE`, else 1; tuning only).
-        chunk_warps (int | None): warps of a chunk-pass program (None: by the block's size; tuning only).
+            whole group, up to :data:`BLOCK_SCORES` scores a block; tuning only).
+        chunk_warps (int | None): warps of a chunk-pass program (None: :data:`CHUNK_WARPS`; tuning only).
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:

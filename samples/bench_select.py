@@ -61,7 +61,8 @@ def main() -> int:
             plans[f"chunk {chunk}, group {group}"] = (chunk, group, None, None)
         # the chunk pass: the group's query heads as one block or one at a time, and its warps
         for block, warps in ((groups, 8), (groups, 16), (1, 8), (1, 4)):
-            plans[f"plan, {block} heads a block, {warps} warps"] = (None, None, block, warps)
+            what = "the group" if block == groups else "one head"
+            plans[f"plan, {what} a block, {warps} warps"] = (None, None, block, warps)
         row = {"shape": name, "context": ctx, "kv_heads": heads, "seqs": seqs, "pmax": pmax,
                "plan": plan(pmax, 128), "ms": {}}
         reference = None
