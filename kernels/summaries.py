@@ -45,6 +45,7 @@ def _summarize_page(
     k_ptr, centroid_ptr, basis_ptr, coeffs_ptr, centroid_scale_ptr, basis_scale_ptr, coeffs_scale_ptr,
     stride_kt, ph,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, FMT: tl.constexpr, MAX_SWEEPS: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     idx = tl.arange(0, B)
     o_d = tl.arange(0, D)
@@ -63,7 +64,7 @@ def _summarize_page(
     b_kc = b_k - b_mu[None, :]  # [B, D]
     gram = tl.dot(b_kc, tl.trans(b_kc), input_precision="ieee")  # [B, B]
     # off-diagonal energy 1e-10 of the total: eigenvectors to ~1e-5, far finer than the int4 basis
-    lam, U = jacobi_eigh(gram, B, MAX_SWEEPS, 1e-10)
+    lam, U = jacobi_eigh(gram, B, MAX_SWEEPS, 1e-10, GATHER)
     lam, U = sort_eigh_desc(lam, U, B)
     b_w = tl.dot(tl.trans(U), b_kc, input_precision="ieee")  # [B, D]: row k = u_k^T K_c, norm sqrt(lam_k)
     norm = tl.sqrt(tl.sum(b_w * b_w, axis=1))
@@ -124,7 +125,7 @@ def _build_summaries_kernel(
     centroid_ptr, basis_ptr, coeffs_ptr, centroid_scale_ptr, basis_scale_ptr, coeffs_scale_ptr,
     stride_kb, stride_kt, stride_kh, stride_bt, H,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, PPB: tl.constexpr, FMT: tl.constexpr,
-    MODE: tl.constexpr, MAX_SWEEPS: tl.constexpr,
+    MODE: tl.constexpr, MAX_SWEEPS: tl.constexpr, GATHER: tl.constexpr,
 ):
     # grids: (P, 1, H) pages of a keys tensor; (Pmax, S, H) every page slot; (S, 1, H) one page per sequence
     i_0, i_1, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -145,12 +146,13 @@ def _build_summaries_kernel(
         _summarize_page(
             k_ptr + block * stride_kb + offset * stride_kt + i_h * stride_kh,
             centroid_ptr, basis_ptr, coeffs_ptr, centroid_scale_ptr, basis_scale_ptr, coeffs_scale_ptr,
-            stride_kt, page * H + i_h, B, D, R, FMT, MAX_SWEEPS,
+            stride_kt, page * H + i_h, B, D, R, FMT, MAX_SWEEPS, GATHER,
         )
 
 
 def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, store: PageSummaries,
-            cfg: LocksConfig, mode: int, grid: tuple[int, int, int], ppb: int, num_warps: int) -> None:
+            cfg: LocksConfig, mode: int, grid: tuple[int, int, int], ppb: int, num_warps: int,
+            gather: bool = True) -> None:
     heads, dim = k.shape[2], k.shape[3]
     assert cfg.page_size >= 16 and cfg.page_size & (cfg.page_size - 1) == 0, "kernels need B a power of two >= 16"
     assert dim >= 32 and dim & (dim - 1) == 0, f"kernels need D a power of two >= 32, got {dim}"
@@ -181,12 +183,13 @@ def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, stor
         FMT=FORMAT_CODES[cfg.summary_format],
         MODE=mode,
         MAX_SWEEPS=8,
+        GATHER=gather,
         num_warps=num_warps,
     )
 
 
 def build_page_summaries(keys: Tensor, cfg: LocksConfig, out: PageSummaries | None = None,
-                         num_warps: int = 2) -> PageSummaries:
+                         num_warps: int = 2, gather: bool = True) -> PageSummaries:
     """Summarize complete pages of keys (paper Section 3.1; formats of ``locks_engine.ops.summaries``).
 
     Args:
@@ -195,6 +198,8 @@ def build_page_summaries(keys: Tensor, cfg: LocksConfig, out: PageSummaries | No
         cfg (LocksConfig): page size ``B``, rank ``r`` and ``summary_format``.
         out (PageSummaries | None): store of at least ``P`` pages written in place (pages ``0..P-1``).
         num_warps (int): warps per program (tuning only).
+        gather (bool): Jacobi rotations elementwise with gathered partners, else as matrix products
+            (``locks_kernels.eigh.jacobi_eigh``; tuning only).
     Returns:
         PageSummaries: ``out`` or a new store of ``P`` pages, computed in fp32 (the ops twin uses fp64).
     Raises:
@@ -207,7 +212,7 @@ def build_page_summaries(keys: Tensor, cfg: LocksConfig, out: PageSummaries | No
         out = allocate_page_summaries(keys.shape[0], keys.shape[2], keys.shape[3], cfg, keys.device)
     assert out.num_pages >= keys.shape[0], "out holds fewer pages than keys"
     if keys.shape[0]:
-        _launch(keys, None, None, out, cfg, MODE_KEYS, (keys.shape[0], 1, keys.shape[2]), 1, num_warps)
+        _launch(keys, None, None, out, cfg, MODE_KEYS, (keys.shape[0], 1, keys.shape[2]), 1, num_warps, gather)
     return out
 
 
