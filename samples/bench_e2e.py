@@ -498,7 +498,8 @@ def child_args(args: argparse.Namespace) -> list[str]:
             "--summary-format", args.summary_format,
             "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
             "--py-spy-steps", str(args.py_spy_steps),
-            *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else [])]
+            *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else []),
+            *(["--kernels", args.kernels] if args.kernels else [])]
 
 
 def check(results: list[dict]) -> list[str]:
@@ -567,27 +568,36 @@ def by_format_last(item: tuple) -> tuple:
 
 def summarize(args: argparse.Namespace) -> int:
     """Merge result folders into the issue's summary format (``rows``), add the depth fit, write JSON + PNG."""
-    results = []
+    results, folders = [], []
     for folder in args.summarize:
         for path in sorted(Path(folder).glob("result-*.json")):
             results.append(json.loads(path.read_text()))
+            folders.append(folder)
     if not results:
         print(f"no result-*.json in {args.summarize}", file=sys.stderr)
         return 2
     # one cell per summary format (and score-kernel tuning override) too: LOCKS rows of several formats pair
     # with the same FLASH_ATTN cell, and fit over depths only with rows of the same kernels
-    cells = {}
-    for r in results:
+    # a LOCKS cell pairs with the FLASH_ATTN cell of its own result folder (one run: the same machine and day)
+    # where there is one, else with the last FLASH_ATTN cell of that shape, depth and context in any folder
+    cells, dense_by_folder, folder_of = {}, {}, {}
+    for r, folder in zip(results, folders):
         for c in r["cells"]:
             if "skipped" not in c:
                 fmt = locks_label(r)
                 walk = r.get("prefix_walk", True)
-                cells[(r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk, fmt)] = (r, c)
+                key = (r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk, fmt)
+                cells[key] = (r, c)
+                folder_of[key] = folder
+                if r["backend"] == "flash":
+                    dense_by_folder[(folder, *key)] = (r, c)
     rows = []
     for (shape, layers, tp, ctx, batch, backend, walk, label), (r, c) in sorted(cells.items(), key=by_format_last):
         if backend != "locks":
             continue
-        dense = cells.get((shape, layers, tp, ctx, batch, "flash", walk, None))
+        dense_key = (shape, layers, tp, ctx, batch, "flash", walk, None)
+        dense = dense_by_folder.get((folder_of[(shape, layers, tp, ctx, batch, backend, walk, label)], *dense_key),
+                                    cells.get(dense_key))
         dc = dense[1] if dense else {}
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],

@@ -204,11 +204,35 @@ def test_summarize_fits_a_named_kernels_version_on_its_own(bench, tmp_path) -> N
     assert bench.label_parts(bench.locks_label(runs[-1])) == ("chanlog", None, "abc")
 
 
+def test_summarize_pairs_a_locks_row_with_the_dense_cell_of_its_own_run(bench, tmp_path) -> None:
+    """Two runs (folders) at the same cell: each LOCKS row takes its own run's FLASH_ATTN TPOT; a LOCKS run
+    without a dense cell of its own takes the last one given."""
+    llama = lambda backend, tpot: result("llama3.1-8b", 32, backend, [cell(1 << 17, tpot)])  # noqa: E731
+    old, new, alone = tmp_path / "old", tmp_path / "new", tmp_path / "alone"
+    for folder, runs in ((new, [llama("flash", 8.6), {**llama("locks", 6.9), "kernels": "abc"}]),
+                         (old, [llama("flash", 8.8), llama("locks", 7.7)]),
+                         (alone, [{**llama("locks", 7.0), "kernels": "xyz"}])):
+        folder.mkdir()
+        for i, r in enumerate(runs):
+            (folder / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    args = bench.argparse.Namespace(summarize=[str(new), str(old), str(alone)], json=str(out), meta="")
+    assert bench.summarize(args) == 0
+    rows = {r.get("kernels"): r for r in json.loads(out.read_text())["rows"]}
+    assert (rows["abc"]["dense_tpot_ms"], rows["abc"]["speedup"]) == (8.6, 1.25)
+    assert (rows[None]["dense_tpot_ms"], rows[None]["locks_tpot_ms"]) == (8.8, 7.7)
+    assert rows["xyz"]["dense_tpot_ms"] == 8.8
+
+
 def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
-    """The flag goes on to every engine child; without it the engines get vLLM's defaults."""
+    """The flags go on to every engine child; without them the engines get the defaults."""
     assert bench.prefix_walk_kwargs(False) == {}
     assert "--no-prefix-walk" in bench.child_args(bench.build_parser().parse_args(["--no-prefix-walk"]))
     assert "--no-prefix-walk" not in bench.child_args(bench.build_parser().parse_args([]))
+    # the kernels' version reaches the engine processes, which write it into their results
+    child = bench.child_args(bench.build_parser().parse_args(["--kernels", "abc1234"]))
+    assert bench.build_parser().parse_args(child).kernels == "abc1234"
+    assert "--kernels" not in bench.child_args(bench.build_parser().parse_args([]))
 
 
 def test_prefix_walk_cut_names_the_scheduler(bench) -> None:
