@@ -576,10 +576,9 @@ def summarize(args: argparse.Namespace) -> int:
     if not results:
         print(f"no result-*.json in {args.summarize}", file=sys.stderr)
         return 2
-    # one cell per summary format (and score-kernel tuning override) too: LOCKS rows of several formats pair
-    # with the same FLASH_ATTN cell, and fit over depths only with rows of the same kernels
-    # a LOCKS cell pairs with the FLASH_ATTN cell of its own result folder (one run: the same machine and day)
-    # where there is one, else with the last FLASH_ATTN cell of that shape, depth and context in any folder
+    # one cell per summary format (and score-kernel tuning override) too, fit over depths only with rows of the
+    # same kernels; a LOCKS cell pairs with the FLASH_ATTN cell of its own result folder (one run: the same
+    # machine and day) where there is one, else with the last FLASH_ATTN cell of that shape, depth and context
     cells, dense_by_folder, folder_of = {}, {}, {}
     for r, folder in zip(results, folders):
         for c in r["cells"]:
