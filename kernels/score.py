@@ -6,8 +6,8 @@ units: ``q . mu`` in fp16 (a bf16 query and an fp16 or int8 centroid are exact t
 as unsigned nibbles (``V = nib - 8``, the offset folded in as ``-8 sum(q)``) against the query as a 16-bit
 fixed-point pair per head (error at most ``max|q| / 65024`` per entry); the ``B x r`` coefficient contraction as a
 batched fp16 product with ``V q`` split into an fp16 hi + lo pair; then a base-2 logsumexp over the ``B`` tokens,
-its log2 one ``lg2.approx`` instruction (``_log2``; ``tl.log2`` costs ~25); int8 to fp16 conversions four at a time
-in integer and fp16x2 arithmetic (``_int8_to_fp16``) instead of the quarter-rate I2F. The kernel is bound by
+its log2 one ``lg2.approx`` instruction (``log2_fast``; ``tl.log2`` costs ~25); int8 to fp16 conversions four at a time
+in integer and fp16x2 arithmetic (``int8_to_fp16``) instead of the quarter-rate I2F. The kernel is bound by
 instruction issue, not bytes (see ``NOTES.md``): the int8 path exists because unpacking int4 to fp16 cost more
 instructions than anything else. ``chanlog`` summaries (one scale per channel) dequantize the basis in registers as
 an fp16 hi + lo pair with the scales applied, one product for the tile (``_chanlog_basis_fp16``); folding the
@@ -27,33 +27,9 @@ import triton.language as tl
 from torch import Tensor
 
 from locks_engine.ops.summaries import PageSummaries
+from locks_kernels.ptx import int8_to_fp16, log2_fast
+from locks_kernels.score_persistent import score_colwise8_persistent
 from locks_kernels.summaries import FORMAT_CODES
-
-
-@triton.jit
-def _log2(x, FAST: tl.constexpr):
-    """``log2`` of fp32 ``x``: ``lg2.approx.f32`` (one MUFU.LG2, absolute error ~2^-22) when ``FAST``, else
-    ``tl.log2``, which Triton 3.6 lowers to a ~25-instruction polynomial with a branch (the interpreter, which runs
-    no inline assembly, takes this one)."""
-    if FAST:
-        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
-                                         pack=1)
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
-def _int8_to_fp16(x, FAST: tl.constexpr):
-    """int8 -> fp16 (exact) of any tensor. ``FAST``: four at a time as ``(0x6400 | (x + 128)) - 1152`` read as fp16
-    (one xor, two byte permutes and two fp16x2 subtractions for four entries, no quarter-rate I2F); else ``.to``."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64806480; "
-            "prmt.b32 $0, t, 0x64646464, 0x4140; prmt.b32 $1, t, 0x64646464, 0x4342; "
-            "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
-            "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
-    else:
-        return x.to(tl.float16)
 
 
 @triton.jit
@@ -206,7 +182,7 @@ def _score_pages_kernel(
             # q = s_q (256 q_hi + q_lo), |q - s_q q_int| <= s_q / 2 = max|q| / 65024
             if FMT == 4 and (COEF_PATH == 4 or COEF_PATH == 6):
                 # int8 basis converted to fp16 (exact) against the query in fp16: one product, no fixed point
-                w_f = tl.dot(_int8_to_fp16(b_v8, PTX), b_q.to(tl.float16))  # [TP * RP, GP] fp32
+                w_f = tl.dot(int8_to_fp16(b_v8, PTX), b_q.to(tl.float16))  # [TP * RP, GP] fp32
                 b_w = tl.reshape(w_f, [TP, RP, GP]) * s_w[:, :, None]
             elif FMT == 4:
                 # int8 basis: straight into the products, no unpacking, one scale per direction (in s_w)
@@ -262,7 +238,7 @@ def _score_pages_kernel(
             b_logit = tl.dot(b_c, b_w, input_precision="ieee")  # [TP, B, GP]
         else:
             # int8 coefficients are exact in fp16; the (V q) factors go in as an fp16 pair (hi + lo)
-            b_c = _int8_to_fp16(b_c, PTX) if FMT == 4 else b_c.to(tl.float16)
+            b_c = int8_to_fp16(b_c, PTX) if FMT == 4 else b_c.to(tl.float16)
             w_hi = b_w.to(tl.float16)
             if FMT == 4 and COEF_PATH >= 5:
                 # as 3 / 4, transposed: [TP, GP, B] puts the page's tokens along the product's N, where the
@@ -277,11 +253,11 @@ def _score_pages_kernel(
         if FMT == 4 and COEF_PATH >= 5:
             b_logit = (b_logit + qmu[:, :, None]) * (scale * 1.4426950408889634)  # base 2, [TP, GP, B]
             b_max = tl.max(b_logit, axis=2)
-            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), PTX)
+            b_lse = b_max + log2_fast(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), PTX)
         else:
             b_logit = (b_logit + qmu[:, None, :]) * (scale * 1.4426950408889634)  # base 2, [TP, B, GP]
             b_max = tl.max(b_logit, axis=1)
-            b_lse = b_max + _log2(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1), PTX)
+            b_lse = b_max + log2_fast(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1), PTX)
         b_score = tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
         tl.store(p_out, b_score, mask=m_out)
 
@@ -313,29 +289,32 @@ def default_tuning(groups: int, summary_format: str) -> tuple[str, int]:
     return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32
 
 
-#: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS]]`` (``PATH`` a name of ``COEF_PATHS``): lets
+#: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM[,STAGES]]]]`` (``PATH`` a name
+#: of ``COEF_PATHS``; ``PROGRAMS_PER_SM`` above 0 the persistent kernel, ``STAGES`` its tiles in flight): lets
 #: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
 TUNING_ENV = "LOCKS_SCORE_TUNING"
 
 
-def score_tuning() -> tuple[str | None, int | None, int | None]:
-    """``(coef_path, tile_pages, num_warps)`` of the score kernel from ``$LOCKS_SCORE_TUNING``; fields it leaves
-    out, and all three when it is unset, are None (the caller's arguments, then ``default_tuning``, decide).
+def score_tuning() -> tuple[str | None, int | None, int | None, int | None, int | None]:
+    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages)`` of the score kernel from
+    ``$LOCKS_SCORE_TUNING``; fields it leaves out, and all five when it is unset, are None (the caller's arguments,
+    then ``default_tuning``, decide). ``programs_per_sm`` 0 asks for the grid kernel, more for the persistent one.
 
     Raises:
         ValueError: on an override that does not parse."""
     override = os.environ.get(TUNING_ENV, "").strip()
     if not override:
-        return None, None, None
+        return None, None, None, None, None
     path, *ints = [f.strip() for f in override.split(",")]
-    if path not in COEF_PATHS or len(ints) > 2 or not all(f.isdecimal() and int(f) > 0 for f in ints):
-        raise ValueError(f"{TUNING_ENV}={override!r}: expected PATH[,TILE_PAGES[,NUM_WARPS]] with PATH one of "
-                         f"{', '.join(COEF_PATHS)}")
-    tile_pages, num_warps = ([int(f) for f in ints] + [None, None])[:2]
-    return path, tile_pages, num_warps
+    if (path not in COEF_PATHS or len(ints) > 4 or not all(f.isdecimal() for f in ints)
+            or not all(int(f) > 0 for i, f in enumerate(ints) if i != 2)):
+        raise ValueError(f"{TUNING_ENV}={override!r}: expected PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM"
+                         f"[,STAGES]]]] with PATH one of {', '.join(COEF_PATHS)}")
+    tile_pages, num_warps, programs_per_sm, stages = ([int(f) for f in ints] + [None] * 4)[:4]
+    return path, tile_pages, num_warps, programs_per_sm, stages
 
 
-#: environment switch of the score kernel's inline PTX (``_log2``, ``_int8_to_fp16``): ``0`` takes Triton's own
+#: environment switch of the score kernel's inline PTX (``log2_fast``, ``int8_to_fp16``): ``0`` takes Triton's own
 #: ``tl.log2`` and ``.to(tl.float16)`` instead (for A/B timing, or should a driver refuse the assembly)
 PTX_ENV = "LOCKS_SCORE_PTX"
 
@@ -349,7 +328,8 @@ def use_ptx(requested: bool | None = None) -> bool:
 
 
 def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-               chanlog_path="fp16", coef_path=None, ptx=None):
+               chanlog_path="fp16", coef_path=None, ptx=None, programs_per_sm=None,
+               pipeline_stages=None):
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -369,11 +349,19 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     chanlog = store.summary_format == "chanlog"
     if chanlog and chanlog_path == "int8":
         tile_pages = tile_pages or 8
-    tuned_path, tuned_tile, tuned_warps = score_tuning()
+    tuned_path, tuned_tile, tuned_warps, tuned_programs, tuned_stages = score_tuning()
     default_path, default_tile = default_tuning(groups, store.summary_format)
     coef_path = coef_path or tuned_path or default_path
     tile_pages = tile_pages or tuned_tile or default_tile
     num_warps = num_warps or tuned_warps or 4
+    programs_per_sm = tuned_programs if programs_per_sm is None else programs_per_sm
+    if programs_per_sm:
+        if store.summary_format != "colwise8" or coef_path not in ("dot1t", "halft"):
+            raise ValueError(f"programs_per_sm={programs_per_sm}: the persistent score kernel takes colwise8 "
+                             f"summaries with coef_path dot1t or halft, got {store.summary_format} / {coef_path}")
+        return score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out,
+                                         tile_pages, num_warps, coef_path == "halft", programs_per_sm,
+                                         pipeline_stages or tuned_stages or 2, use_ptx(ptx))
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
         q,
@@ -426,6 +414,8 @@ def score_pages(
     chanlog_path: str = "fp16",
     coef_path: str | None = None,
     ptx: bool | None = None,
+    programs_per_sm: int | None = None,
+    pipeline_stages: int | None = None,
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
 
@@ -452,15 +442,22 @@ def score_pages(
             which round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
         ptx (bool | None): inline PTX for the log-sum-exp's log2 and the int8 -> fp16 conversions (``use_ptx``;
             default on unless ``$LOCKS_SCORE_PTX=0``, never under the interpreter); the same scores within ~2^-22.
+        programs_per_sm (int | None): 0 for the grid kernel (one program a tile, the default), more for the
+            persistent one (``locks_kernels.score_persistent``: that many programs per SM walk the tiles, the next
+            tile's loads in flight while the current one is computed; ``colwise8`` with ``dot1t`` or ``halft``
+            only); tuning only, the same scores as the grid kernel's path.
+        pipeline_stages (int | None): tiles in flight per program of the persistent kernel (default 2; 1 loads
+            each tile when it is computed); tuning only.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernel does not take.
-        ValueError: on an unknown ``coef_path``, or a ``$LOCKS_SCORE_TUNING`` that does not parse.
+        ValueError: on an unknown ``coef_path``, a persistent grid asked of another format or path, or a
+            ``$LOCKS_SCORE_TUNING`` that does not parse.
     """
     if coef_path is not None and coef_path not in COEF_PATHS:
         raise ValueError(f"coef_path={coef_path!r}: allowed {', '.join(COEF_PATHS)}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-                      chanlog_path, coef_path, ptx)
+                      chanlog_path, coef_path, ptx, programs_per_sm, pipeline_stages)

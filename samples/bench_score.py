@@ -37,17 +37,30 @@ SHAPES = [
     ("llama3.1-8b", 8, 32, (1 << 20, 1 << 17)),
 ]
 PATHS = ("dot", "dot1", "half", "dot1t", "halft", "direction", "broadcast")
-#: (coef_path, tile_pages, num_warps, inline PTX) per GQA group size; the defaults and their nearest rival also
-#: without the inline PTX (label suffix " plain": Triton's own tl.log2 and int8 -> fp16), to time what it saves
+#: (coef_path, tile_pages, num_warps, inline PTX, programs_per_sm, pipeline stages) per GQA group size: the grid
+#: kernel (programs_per_sm 0) at the defaults and their rivals of the earlier runs (``NOTES.md``; the other paths
+#: lost by 10% or more in all four), the defaults also without the inline PTX (label suffix " plain": Triton's own
+#: tl.log2 and int8 -> fp16, to time what it saves); then the persistent kernel over programs per SM and stages
+#: (label suffix " pN sM"; registers from ``score_sass.py --persistent``: 134 at G = 16, 16 pages, 2 stages, 94 at
+#: 8 pages, so 3 and 5 programs fit an SM)
 VARIANTS = {
-    16: [(p, tp, nw, True) for p in PATHS for tp, nw in ((16, 4), (8, 4), (32, 4), (32, 8))]
-    + [("dot1t", 16, 4, False), ("dot1", 16, 4, False)]
-    # 2 warps a program: fewer SASS instructions per page (286 against 328 for dot1t at 16 pages), more registers
-    + [(p, tp, 2, True) for p in ("dot1t", "halft") for tp in (8, 16)],
-    4: [(p, tp, nw, True) for p in PATHS for tp, nw in ((32, 4), (16, 4))]
-    + [("halft", 16, 4, False), ("half", 16, 4, False)]
-    + [(p, 16, 2, True) for p in ("dot1t", "halft")],
+    16: [("dot1t", 16, 4, True, 0, 0), ("halft", 8, 4, True, 0, 0), ("dot1t", 8, 4, True, 0, 0),
+         ("dot1t", 16, 4, False, 0, 0)]
+    + [("dot1t", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2), (4, 2), (3, 3), (3, 1))]
+    + [("dot1t", 8, 4, True, p, st) for p, st in ((4, 2), (5, 2), (6, 2), (5, 3))]
+    + [("halft", 16, 4, True, 3, 2), ("halft", 8, 4, True, 5, 2)],
+    4: [("halft", 16, 4, True, 0, 0), ("half", 16, 4, True, 0, 0), ("dot1t", 32, 4, True, 0, 0),
+        ("halft", 16, 4, False, 0, 0)]
+    + [("halft", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2), (3, 3), (3, 1))]
+    + [("dot1t", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2))]
+    + [("halft", 8, 4, True, p, st) for p, st in ((4, 2), (6, 2), (5, 3))],
 }
+
+
+def label(path: str, tile: int, warps: int, ptx: bool, programs: int, stages: int) -> str:
+    """``"PATH tpTILE wWARPS"``, `` pN sM`` for the persistent kernel, `` plain`` without the inline PTX."""
+    return (f"{path} tp{tile} w{warps}" + (f" p{programs} s{stages}" if programs else "")
+            + ("" if ptx else " plain"))
 
 
 def save(out: Path, meta: dict, rows: list, failures: list) -> None:
@@ -56,15 +69,15 @@ def save(out: Path, meta: dict, rows: list, failures: list) -> None:
 
 
 def fastest_tuning(row: dict, default: str, margin: float = 0.9) -> str:
-    """``PATH,TILE_PAGES,NUM_WARPS`` of the fastest variant of a row, or "" when the ``default`` variant (label
-    ``"PATH tpTILE wWARPS"``, the kernel's ``default_tuning`` for the row's group size) is within ``1 / margin`` of
-    it (or missing)."""
+    """``PATH,TILE_PAGES,NUM_WARPS[,PROGRAMS_PER_SM,STAGES]`` (``$LOCKS_SCORE_TUNING``) of the fastest variant of a
+    row, or "" when the ``default`` variant (label ``"PATH tpTILE wWARPS"``, the kernel's ``default_tuning`` for the
+    row's group size) is within ``1 / margin`` of it (or missing)."""
     ok = {k: v for k, v in row["ms"].items() if v is not None and not k.endswith(" plain")}
     best = min(ok, key=ok.get)
     if default in ok and ok[best] >= margin * ok[default]:
         return ""
-    path, tp, nw = best.split()
-    return f"{path},{tp[2:]},{nw[1:]}"
+    path, tp, nw, *persistent = best.split()
+    return ",".join([path, tp[2:], nw[1:]] + [f[1:] for f in persistent])
 
 
 def main() -> int:
@@ -84,9 +97,9 @@ def main() -> int:
     bw = copy_bandwidth(timer)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": args.reps,
             "copy_bw_bytes_per_s": bw, "config": cfg.to_dict()}
-    for name, heads, q_heads, contexts in SHAPES:
+    for shape, heads, q_heads, contexts in SHAPES:
         if time.perf_counter() - start > args.time_limit:
-            failures.append(f"{name}: skipped (time limit)")
+            failures.append(f"{shape}: skipped (time limit)")
             continue
         s = Setup(heads, q_heads, 128, 1, max(contexts), cfg)
         groups = q_heads // heads
@@ -95,29 +108,29 @@ def main() -> int:
             lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
             pages = ctx // cfg.page_size
             floor_ms = pages * heads * summary_bytes(cfg.page_size, cfg.rank, 128, cfg.summary_format)[0] / bw * 1e3
-            row = {"shape": name, "context": ctx, "kv_heads": heads, "groups": groups,
+            row = {"shape": shape, "context": ctx, "kv_heads": heads, "groups": groups,
                    "byte_floor_ms": round(floor_ms, 4), "ms": {}, "max_rel_diff": {}}
             reference = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, coef_path="dot").clone()
             finite = torch.isfinite(reference)
             top = reference[finite].abs().max().item()
-            for path, tp, nw, ptx in VARIANTS[groups]:
-                label = f"{path} tp{tp} w{nw}" + ("" if ptx else " plain")
+            for path, tp, nw, ptx, progs, stages in VARIANTS[groups]:
+                name = label(path, tp, nw, ptx, progs, stages)
                 out = torch.empty_like(reference)
+                kw = dict(out=out, tile_pages=tp, num_warps=nw, coef_path=path, ptx=ptx, programs_per_sm=progs,
+                          pipeline_stages=stages or None)
                 try:
-                    lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, out=out, tile_pages=tp, num_warps=nw,
-                                   coef_path=path, ptx=ptx)
+                    lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, **kw)
                 except Exception as exc:  # a tile the compiler refuses (registers, shared memory)
-                    row["ms"][label] = None
-                    row["max_rel_diff"][label] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    row["ms"][name] = None
+                    row["max_rel_diff"][name] = f"{type(exc).__name__}: {str(exc)[:160]}"
                     continue
                 same_inf = torch.equal(torch.isfinite(out), finite)
                 diff = (out[finite] - reference[finite]).abs().max().item() / top if same_inf else float("inf")
-                row["max_rel_diff"][label] = diff
+                row["max_rel_diff"][name] = diff
                 if diff > 1e-3:
-                    failures.append(f"{name} {ctx}: {label} differs from dot by {diff:.2e}")
-                ms, _ = timer(lambda p=path, t=tp, w=nw, o=out, x=ptx: lk.score_pages(
-                    s.q, s.store, table, lens, 16, BLOCK, out=o, tile_pages=t, num_warps=w, coef_path=p, ptx=x))
-                row["ms"][label] = round(ms, 4)
+                    failures.append(f"{shape} {ctx}: {name} differs from dot by {diff:.2e}")
+                ms, _ = timer(lambda kw=kw: lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, **kw))
+                row["ms"][name] = round(ms, 4)
             rows.append(row)
             print(json.dumps(row), flush=True)
             save(args.out, meta, rows, failures)

@@ -42,9 +42,14 @@ SIGNATURE = {
 DIVISIBLE_BY_16 = list(range(10)) + [10, 11]  # the pointers and the query's strides (H * D, D)
 
 
+PERSISTENT_SIGNATURE = {k: v for k, v in SIGNATURE.items() if k != "centroid_scale_ptr"} | {"NPROG": "i32"}
+
+
 def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
-            page_size: int = 16, top: int = 12, ptx: bool = True) -> dict:
-    """One compile of the ``colwise8`` score kernel for sm_90a.
+            page_size: int = 16, top: int = 12, ptx: bool = True, persistent: bool = False, stages: int = 0) -> dict:
+    """One compile of the ``colwise8`` score kernel for sm_90a (``persistent``: the persistent grid of
+    ``locks_kernels.score_persistent``, ``dot1t`` or ``halft`` only; its loop makes the static count per page-head
+    an upper bound on the loop body's, the prologue and the tail loop being counted with it).
 
     Returns:
         dict: ``registers`` (per thread), ``spill_stores_bytes``, ``shared_bytes``, ``sass_instructions`` (static,
@@ -56,14 +61,22 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     from triton.compiler import ASTSource
 
     from locks_kernels.score import COEF_PATHS, _score_pages_kernel
+    from locks_kernels.score_persistent import _score_pages_persistent_kernel
 
     gp = max(2, triton.next_power_of_2(groups))
     rp = triton.next_power_of_2(rank)
-    consts = dict(B=page_size, D=head_dim, R=rank, RP=rp, KP=max(16, rp), G=groups, GP=gp, PPB=4, TP=tile_pages,
-                  FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], PTX=ptx)
-    signature = SIGNATURE | {k: "constexpr" for k in consts}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in DIVISIBLE_BY_16}
-    kernel = triton.compile(ASTSource(_score_pages_kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+    consts = dict(B=page_size, D=head_dim, R=rank, RP=rp, KP=max(16, rp), G=groups, GP=gp, PPB=4, TP=tile_pages)
+    if persistent:
+        if coef_path not in ("dot1t", "halft"):
+            raise ValueError(f"the persistent kernel has the dot1t and halft paths only, not {coef_path}")
+        consts |= dict(HALF=coef_path == "halft", PTX=ptx, STAGES=stages)
+        fn, signature = _score_pages_persistent_kernel, PERSISTENT_SIGNATURE | {k: "constexpr" for k in consts}
+        divisible = list(range(9)) + [9, 10]  # the pointers and the query's strides
+    else:
+        consts |= dict(FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], PTX=ptx)
+        fn, signature, divisible = _score_pages_kernel, SIGNATURE | {k: "constexpr" for k in consts}, DIVISIBLE_BY_16
+    attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
+    kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps})
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,10 +96,12 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     mix = collections.Counter(op.split(".")[0] for op in ops)
     return {"groups": groups, "tile_pages": tile_pages, "coef_path": coef_path, "num_warps": num_warps,
+            "persistent": persistent,
             "registers": int(regs.group(1)), "spill_stores_bytes": int(spill.group(1)) if spill else 0,
             "shared_bytes": kernel.metadata.shared, "sass_instructions": len(ops), "ptx": ptx,
             "mufu_lg2": sum(1 for op in ops if op.startswith("MUFU.LG2")),
             "i2f": sum(1 for op in ops if op.startswith("I2F")),
+            "ldgsts": sum(1 for op in ops if op.startswith("LDGSTS")),
             "by_line": instructions_by_line(listing, top),
             "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1), "top": dict(mix.most_common(top))}
 
@@ -119,6 +134,8 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--no-ptx", action="store_true",
                     help="tl.log2 and .to(tl.float16) instead of the inline PTX (as under the interpreter)")
+    ap.add_argument("--persistent", action="store_true", help="the persistent grid (dot1t and halft only)")
+    ap.add_argument("--stages", type=int, default=2, help="tiles in flight per persistent program")
     ap.add_argument("--lines", type=int, default=0, help="also print the N source lines with the most instructions")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -142,7 +159,8 @@ def main() -> int:
         for tile in args.tiles:
             for path in paths:
                 try:
-                    row = analyse(groups, tile, path, args.warps, ptx=not args.no_ptx)
+                    row = analyse(groups, tile, path, args.warps, ptx=not args.no_ptx, persistent=args.persistent,
+                                  stages=args.stages)
                 except Exception as exc:  # a tile the compiler refuses: report it and go on
                     print(f"| {groups} | {tile} | {path} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
                     continue

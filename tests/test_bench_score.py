@@ -19,8 +19,22 @@ def test_fastest_tuning_names_a_faster_variant_and_never_a_plain_one(bench):
     assert bench.fastest_tuning(row, "half tp16 w4") == ""
 
 
-def test_every_group_size_times_the_defaults_with_and_without_inline_ptx(bench):
+def test_every_group_size_times_the_defaults_with_and_without_inline_ptx_and_persistent(bench):
+    from locks_kernels.score import default_tuning
+
     for groups, variants in bench.VARIANTS.items():
-        plain = {(p, tp, nw) for p, tp, nw, ptx in variants if not ptx}
-        with_ptx = {(p, tp, nw) for p, tp, nw, ptx in variants if ptx}
+        plain = {(p, tp, nw) for p, tp, nw, ptx, progs, _ in variants if not ptx and not progs}
+        with_ptx = {(p, tp, nw) for p, tp, nw, ptx, progs, _ in variants if ptx and not progs}
         assert plain and plain <= with_ptx
+        assert default_tuning(groups, "colwise8") + (4,) in with_ptx
+        # the persistent kernel takes dot1t and halft only
+        assert {p for p, _, _, _, progs, _ in variants if progs} == {"dot1t", "halft"}
+
+
+def test_fastest_persistent_variant_is_a_five_field_tuning(bench):
+    """A persistent variant's label (``... pN sM``) becomes ``PATH,TILE,WARPS,PROGRAMS_PER_SM,STAGES``, which
+    ``score_tuning`` reads back."""
+    name = bench.label("dot1t", 16, 4, True, 3, 2)
+    assert name == "dot1t tp16 w4 p3 s2" and bench.label("halft", 8, 4, False, 0, 0) == "halft tp8 w4 plain"
+    row = {"ms": {"dot1t tp16 w4": 0.100, name: 0.070}}
+    assert bench.fastest_tuning(row, "dot1t tp16 w4") == "dot1t,16,4,3,2"

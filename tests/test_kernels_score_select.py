@@ -104,12 +104,16 @@ def test_ptx_switch_from_the_environment(monkeypatch):
 def test_score_tuning_override_from_the_environment(monkeypatch):
     from locks_kernels.score import TUNING_ENV, score_tuning
 
-    assert score_tuning() == (None, None, None)  # unset: default_tuning decides
+    assert score_tuning() == (None, None, None, None, None)  # unset: default_tuning decides
     monkeypatch.setenv(TUNING_ENV, "broadcast")
-    assert score_tuning() == ("broadcast", None, None)
+    assert score_tuning() == ("broadcast", None, None, None, None)
     monkeypatch.setenv(TUNING_ENV, "direction, 32,8")
-    assert score_tuning() == ("direction", 32, 8)
-    for bad in ("fastest", "dot,0", "dot,16,4,2", "dot,x"):
+    assert score_tuning() == ("direction", 32, 8, None, None)
+    monkeypatch.setenv(TUNING_ENV, "dot1t,16,4,3")
+    assert score_tuning() == ("dot1t", 16, 4, 3, None)
+    monkeypatch.setenv(TUNING_ENV, "halft,16,4,0,3")
+    assert score_tuning() == ("halft", 16, 4, 0, 3)
+    for bad in ("fastest", "dot,0", "dot,16,0", "dot,16,4,2,0", "dot,16,4,2,2,1", "dot,x", "dot,16,4,-1"):
         monkeypatch.setenv(TUNING_ENV, bad)
         with pytest.raises(ValueError, match="expected PATH"):
             score_tuning()
@@ -117,6 +121,43 @@ def test_score_tuning_override_from_the_environment(monkeypatch):
     sc = make_scenario([40], num_kv_heads=1, groups=1, head_dim=64, seed=0)
     with pytest.raises(ValueError, match="coef_path='fma'"):
         lk.score_pages(sc.q, None, sc.block_table, sc.seq_lens, 16, 16, coef_path="fma")
+
+
+PERSISTENT_LENGTHS = {"one_page": [16], "partial": [17], "mixed": [16 * 20 + 3, 16 * 9, 5], "empty_tail": [16 * 70]}
+
+
+@pytest.mark.parametrize("path", ["dot1t", "halft"])
+@pytest.mark.parametrize("groups", [1, 4, 16], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("programs", [1, 3], ids=lambda p: f"{p}_per_sm")
+@pytest.mark.parametrize("lengths", PERSISTENT_LENGTHS.values(), ids=PERSISTENT_LENGTHS.keys())
+def test_persistent_scores_match_ops_and_the_grid_kernel(path, groups, programs, lengths):
+    """The persistent grid (programs walking the tiles with the next tile's loads in flight) gives the ops scores
+    and exactly the grid kernel's for the same path: sequences shorter than a page, partial tiles, programs with
+    no live tile, sequences whose block table has room past their pages (``-inf`` written there)."""
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=128, seed=groups + programs,
+                       key_offset=20.0)
+    # room for 48 more pages in every row of the block table (three whole tiles with no live page)
+    sc.block_table = torch.cat([sc.block_table, torch.zeros(len(lengths), 24, dtype=torch.int32)], dim=1)
+    q = sc.q.bfloat16().float()
+    _check_scores(sc, "colwise8", q, 1e-3, coef_path=path, programs_per_sm=programs)
+    store = _store_on_device(build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens,
+                                                   LocksConfig(summary_format="colwise8")))
+    dev = on_device(sc)
+    grid, persistent = (lk.score_pages(q.to(DEVICE), store, dev.block_table, dev.seq_lens, sc.page_size,
+                                       sc.block_size, tile_pages=16, coef_path=path, programs_per_sm=p).cpu()
+                        for p in (0, programs))
+    assert torch.equal(grid, persistent)
+
+
+def test_persistent_grid_refuses_other_formats_and_paths():
+    sc = make_scenario([40], num_kv_heads=1, groups=4, head_dim=64, seed=0)
+    for fmt, path in (("chanlog", "dot1t"), ("colwise8", "dot")):
+        store = _store_on_device(build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens,
+                                                       LocksConfig(summary_format=fmt)))
+        dev = on_device(sc)
+        with pytest.raises(ValueError, match="persistent score kernel takes colwise8"):
+            lk.score_pages(sc.q.to(DEVICE), store, dev.block_table, dev.seq_lens, 16, sc.block_size, coef_path=path,
+                           programs_per_sm=2)
 
 
 @requires_bf16_dot

@@ -43,6 +43,17 @@ def test_fast_int8_to_fp16_leaves_the_conversion_units_alone():
     assert fast["sass_instructions"] < slow["sass_instructions"]
 
 
+def test_persistent_kernel_pipelines_its_loads_through_shared_memory():
+    """With 2 stages Triton's pipeliner issues the next tile's loads as cp.async (LDGSTS) into shared memory; with 1
+    there is nothing in flight and no LDGSTS. Neither spills."""
+    piped, plain = (score_sass.analyse(16, 16, "dot1t", persistent=True, stages=s) for s in (2, 1))
+    assert piped["ldgsts"] > 0 == plain["ldgsts"]
+    assert piped["spill_stores_bytes"] == 0 == plain["spill_stores_bytes"]
+    assert piped["shared_bytes"] > plain["shared_bytes"]
+    with pytest.raises(ValueError, match="dot1t and halft"):
+        score_sass.analyse(16, 16, "dot", persistent=True)
+
+
 def test_unknown_path_is_a_one_line_error(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["score_sass.py", "--paths", "fastest"])
     assert score_sass.main() == 2
