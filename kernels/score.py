@@ -271,8 +271,13 @@ CHANLOG_PATHS = {"fp16": 1, "int8": 0}
 #: 4 = as 3, and ``V q`` itself one fp16 product (the int8 basis converted, exact) instead of the int8 pair,
 #: 5 and 6 = 3 and 4 with the contraction transposed (``[TP, GP, B]``: the log-sum-exp over the tokens along the
 #: product's N; 13% fewer SASS instructions at G = 16, 7% at G = 4, ``samples/score_sass.py``; timed on the H200:
-#: 5 is 8% faster than 3 at G = 16, 1M, and the default there, ``default_tuning``)
-COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4, "dot1t": 5, "halft": 6}
+#: 5 is 8% faster than 3 at G = 16, 1M, and the default there, ``default_tuning``); 7 and 8 = 5 and 6 with the
+#: log-sum-exp shifted by the centroid's logit (no max reduction; ``score_persistent._colwise8_tile_lse``), in the
+#: persistent kernel only
+COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4, "dot1t": 5, "halft": 6, "dot1tc": 7,
+              "halftc": 8}
+#: the paths of the persistent kernel (``programs_per_sm`` > 0); the last two only there
+PERSISTENT_PATHS = ("dot1t", "halft", "dot1tc", "halftc")
 
 
 def default_tuning(groups: int, summary_format: str) -> tuple[str, int]:
@@ -356,12 +361,15 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     num_warps = num_warps or tuned_warps or 4
     programs_per_sm = tuned_programs if programs_per_sm is None else programs_per_sm
     if programs_per_sm:
-        if store.summary_format != "colwise8" or coef_path not in ("dot1t", "halft"):
+        if store.summary_format != "colwise8" or coef_path not in PERSISTENT_PATHS:
             raise ValueError(f"programs_per_sm={programs_per_sm}: the persistent score kernel takes colwise8 "
-                             f"summaries with coef_path dot1t or halft, got {store.summary_format} / {coef_path}")
+                             f"summaries with coef_path {', '.join(PERSISTENT_PATHS)}, got {store.summary_format} / "
+                             f"{coef_path}")
         return score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out,
-                                         tile_pages, num_warps, coef_path == "halft", programs_per_sm,
-                                         pipeline_stages or tuned_stages or 2, use_ptx(ptx))
+                                         tile_pages, num_warps, coef_path.startswith("half"), programs_per_sm,
+                                         pipeline_stages or tuned_stages or 2, use_ptx(ptx), coef_path.endswith("c"))
+    if coef_path in PERSISTENT_PATHS[2:]:
+        raise ValueError(f"coef_path={coef_path!r} runs in the persistent score kernel only (programs_per_sm > 0)")
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
         q,
@@ -444,8 +452,9 @@ def score_pages(
             default on unless ``$LOCKS_SCORE_PTX=0``, never under the interpreter); the same scores within ~2^-22.
         programs_per_sm (int | None): 0 for the grid kernel (one program a tile, the default), more for the
             persistent one (``locks_kernels.score_persistent``: that many programs per SM walk the tiles, the next
-            tile's loads in flight while the current one is computed; ``colwise8`` with ``dot1t`` or ``halft``
-            only); tuning only, the same scores as the grid kernel's path.
+            tile's loads in flight while the current one is computed; ``colwise8`` with ``dot1t`` or ``halft``, the
+            same scores as the grid kernel's, or ``dot1tc`` / ``halftc``, their log-sum-exp shifted by the centroid's
+            logit, the same within rounding); tuning only.
         pipeline_stages (int | None): tiles in flight per program of the persistent kernel (default 2; 1 loads
             each tile when it is computed); tuning only.
     Returns:

@@ -46,12 +46,22 @@ def _colwise8_tile_loads(basis_ptr, coeffs_ptr, centroid_ptr, basis_scale_ptr, c
 
 @triton.jit
 def _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP: tl.constexpr,
-                       RP: tl.constexpr, KP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr):
+                       RP: tl.constexpr, KP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
+                       SHIFT: tl.constexpr):
     """Scores `[TP, GP]` (natural log, ``-inf`` where not ``live``) of one loaded tile: ``q . mu`` in fp16, ``V q``
     on the int8 units against the fixed-point query (``HALF``: the basis converted to fp16 against the fp16
     query), rounded to fp16 once, the ``B x r`` contraction as ``[GP, KP] x [KP, B]`` per page, base-2 log-sum-exp
-    over the ``B`` tokens."""
+    over the ``B`` tokens.
+
+    ``SHIFT``: the log-sum-exp shifted by the centroid's logit instead of the page's largest, ``lse = q . mu +
+    log2 sum_i 2^(c_i . V q)`` (base 2, scaled): the coefficients of a page are centered (``sum_i c_i = 0`` up to
+    their int8 rounding), so the largest exponent is >= ~0 and the sum cannot underflow; exponents are clamped at
+    120 (a token 83 nats above its page's centroid logit), so 16 terms cannot overflow. No max reduction, no
+    per-logit add of ``q . mu``, the scale folded into ``V q``: three operations a logit instead of six."""
+    log2e: tl.constexpr = 1.4426950408889634
     s_w = s_b.to(tl.float32) * s_c.to(tl.float32)  # [TP, RP]
+    if SHIFT:
+        s_w = s_w * (scale * log2e)
     qmu = tl.dot(b_mu.to(tl.float16), b_q16)  # [TP, GP]
     if HALF:
         w_f = tl.dot(int8_to_fp16(b_v8, PTX), b_q16)  # [TP * RP, GP] fp32
@@ -64,9 +74,13 @@ def _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, 
         o_f = tl.arange(0, KP // RP)
         b_w = tl.reshape(tl.where((o_f == 0)[None, :, None, None], b_w[:, None, :, :], 0.0), [TP, KP, GP])
     b_logit = tl.dot(tl.permute(b_w.to(tl.float16), (0, 2, 1)), int8_to_fp16(b_c, PTX))  # [TP, GP, B]
-    b_logit = (b_logit + qmu[:, :, None]) * (scale * 1.4426950408889634)  # base 2
-    b_max = tl.max(b_logit, axis=2)
-    b_lse = b_max + log2_fast(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), PTX)
+    if SHIFT:
+        b_sum = tl.sum(tl.exp2(tl.minimum(b_logit, 120.0)), axis=2)
+        b_lse = qmu * (scale * log2e) + log2_fast(b_sum, PTX)
+    else:
+        b_logit = (b_logit + qmu[:, :, None]) * (scale * log2e)  # base 2
+        b_max = tl.max(b_logit, axis=2)
+        b_lse = b_max + log2_fast(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), PTX)
     return tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
 
 
@@ -78,7 +92,7 @@ def _score_pages_persistent_kernel(
     scale, H, PMAX, NPROG,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, SHIFT: tl.constexpr,
 ):
     i_p, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_tp = tl.arange(0, TP)
@@ -117,7 +131,7 @@ def _score_pages_persistent_kernel(
                                                          coeffs_scale_ptr, block, o_j, live, i_h, H, B, D, R, RP, KP,
                                                          PPB, TP)
         b_score = _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP, RP, KP, GP,
-                                     HALF, PTX)
+                                     HALF, PTX, SHIFT)
         tl.store(p_out + o_j[:, None], b_score, mask=(o_j[:, None] < PMAX) & m_g[None, :])
 
 
@@ -129,10 +143,11 @@ def programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, d
 
 
 def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages,
-                              num_warps, half, programs_per_sm, stages, ptx):
+                              num_warps, half, programs_per_sm, stages, ptx, shift=False):
     """The ``colwise8`` scores of ``score_pages`` from the persistent grid; arguments as ``score_pages`` (already
     checked there), ``half`` for the ``halft`` path (else ``dot1t``), ``programs_per_sm`` programs per SM,
-    ``stages`` tiles in flight per program (1: no pipelining). Returns ``out`` fp32 `[S, HQ, Pmax]`."""
+    ``stages`` tiles in flight per program (1: no pipelining), ``shift`` the log-sum-exp shifted by the centroid's
+    logit (``_colwise8_tile_lse``). Returns ``out`` fp32 `[S, HQ, Pmax]`."""
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -171,6 +186,7 @@ def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_
         HALF=half,
         PTX=ptx,
         STAGES=stages,
+        SHIFT=shift,
         num_warps=num_warps,
     )
     return out

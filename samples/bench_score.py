@@ -42,18 +42,21 @@ PATHS = ("dot", "dot1", "half", "dot1t", "halft", "direction", "broadcast")
 #: lost by 10% or more in all four), the defaults also without the inline PTX (label suffix " plain": Triton's own
 #: tl.log2 and int8 -> fp16, to time what it saves); then the persistent kernel over programs per SM and stages
 #: (label suffix " pN sM"; registers from ``score_sass.py --persistent``: 134 at G = 16, 16 pages, 2 stages, 94 at
-#: 8 pages, so 3 and 5 programs fit an SM)
+#: 8 pages, so 3 and 5 programs fit an SM), with the log-sum-exp shifted by the centroid's logit (``dot1tc``,
+#: ``halftc``) too
 VARIANTS = {
     16: [("dot1t", 16, 4, True, 0, 0), ("halft", 8, 4, True, 0, 0), ("dot1t", 8, 4, True, 0, 0),
          ("dot1t", 16, 4, False, 0, 0)]
     + [("dot1t", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2), (4, 2), (3, 3), (3, 1))]
     + [("dot1t", 8, 4, True, p, st) for p, st in ((4, 2), (5, 2), (6, 2), (5, 3))]
-    + [("halft", 16, 4, True, 3, 2), ("halft", 8, 4, True, 5, 2)],
+    + [("halft", 16, 4, True, 3, 2), ("halft", 8, 4, True, 5, 2)]
+    + [("dot1tc", 16, 4, True, p, 2) for p in (3, 4)] + [("dot1tc", 8, 4, True, 5, 2), ("halftc", 8, 4, True, 5, 2)],
     4: [("halft", 16, 4, True, 0, 0), ("half", 16, 4, True, 0, 0), ("dot1t", 32, 4, True, 0, 0),
         ("halft", 16, 4, False, 0, 0)]
     + [("halft", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2), (3, 3), (3, 1))]
     + [("dot1t", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2))]
-    + [("halft", 8, 4, True, p, st) for p, st in ((4, 2), (6, 2), (5, 3))],
+    + [("halft", 8, 4, True, p, st) for p, st in ((4, 2), (6, 2), (5, 3))]
+    + [("halftc", 16, 4, True, p, 2) for p in (3, 4)] + [("dot1tc", 16, 4, True, 3, 2), ("halftc", 8, 4, True, 6, 2)],
 }
 
 

@@ -48,8 +48,9 @@ PERSISTENT_SIGNATURE = {k: v for k, v in SIGNATURE.items() if k != "centroid_sca
 def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
             page_size: int = 16, top: int = 12, ptx: bool = True, persistent: bool = False, stages: int = 0) -> dict:
     """One compile of the ``colwise8`` score kernel for sm_90a (``persistent``: the persistent grid of
-    ``locks_kernels.score_persistent``, ``dot1t`` or ``halft`` only; its loop makes the static count per page-head
-    an upper bound on the loop body's, the prologue and the tail loop being counted with it).
+    ``locks_kernels.score_persistent``, paths ``PERSISTENT_PATHS``, ``stages`` tiles in flight; its loop makes
+    the static count per page-head an upper bound on the loop body's, the prologue and the tail loop being counted
+    with it).
 
     Returns:
         dict: ``registers`` (per thread), ``spill_stores_bytes``, ``shared_bytes``, ``sass_instructions`` (static,
@@ -60,16 +61,16 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from locks_kernels.score import COEF_PATHS, _score_pages_kernel
+    from locks_kernels.score import COEF_PATHS, PERSISTENT_PATHS, _score_pages_kernel
     from locks_kernels.score_persistent import _score_pages_persistent_kernel
 
     gp = max(2, triton.next_power_of_2(groups))
     rp = triton.next_power_of_2(rank)
     consts = dict(B=page_size, D=head_dim, R=rank, RP=rp, KP=max(16, rp), G=groups, GP=gp, PPB=4, TP=tile_pages)
     if persistent:
-        if coef_path not in ("dot1t", "halft"):
-            raise ValueError(f"the persistent kernel has the dot1t and halft paths only, not {coef_path}")
-        consts |= dict(HALF=coef_path == "halft", PTX=ptx, STAGES=stages)
+        if coef_path not in PERSISTENT_PATHS:
+            raise ValueError(f"the persistent kernel has the {', '.join(PERSISTENT_PATHS)} paths only, not {coef_path}")
+        consts |= dict(HALF=coef_path.startswith("half"), PTX=ptx, STAGES=stages, SHIFT=coef_path.endswith("c"))
         fn, signature = _score_pages_persistent_kernel, PERSISTENT_SIGNATURE | {k: "constexpr" for k in consts}
         divisible = list(range(9)) + [9, 10]  # the pointers and the query's strides
     else:
@@ -134,7 +135,7 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--no-ptx", action="store_true",
                     help="tl.log2 and .to(tl.float16) instead of the inline PTX (as under the interpreter)")
-    ap.add_argument("--persistent", action="store_true", help="the persistent grid (dot1t and halft only)")
+    ap.add_argument("--persistent", action="store_true", help="the persistent grid (dot1t, halft, dot1tc, halftc)")
     ap.add_argument("--stages", type=int, default=2, help="tiles in flight per persistent program")
     ap.add_argument("--lines", type=int, default=0, help="also print the N source lines with the most instructions")
     ap.add_argument("--json", type=Path, help="write the rows here")

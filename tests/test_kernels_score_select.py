@@ -149,6 +149,18 @@ def test_persistent_scores_match_ops_and_the_grid_kernel(path, groups, programs,
     assert torch.equal(grid, persistent)
 
 
+@pytest.mark.parametrize("path", ["dot1tc", "halftc"])
+@pytest.mark.parametrize("groups", [1, 4, 16], ids=lambda g: f"gqa{g}")
+def test_persistent_centroid_shifted_lse_matches_ops(path, groups):
+    """The log-sum-exp shifted by each page's centroid logit instead of its largest logit gives the ops scores,
+    with logits spread far around the centroid's (a query scaled by 6: tens of nats across a page)."""
+    sc = make_scenario([16 * 20 + 3, 16 * 9, 5], num_kv_heads=2, groups=groups, head_dim=128, seed=groups,
+                       key_offset=20.0)
+    sc.block_table = torch.cat([sc.block_table, torch.zeros(3, 24, dtype=torch.int32)], dim=1)
+    for q in (sc.q, 6.0 * sc.q):
+        _check_scores(sc, "colwise8", q.bfloat16().float(), 1e-3, coef_path=path, programs_per_sm=2)
+
+
 def test_persistent_grid_refuses_other_formats_and_paths():
     sc = make_scenario([40], num_kv_heads=1, groups=4, head_dim=64, seed=0)
     for fmt, path in (("chanlog", "dot1t"), ("colwise8", "dot")):
@@ -158,6 +170,8 @@ def test_persistent_grid_refuses_other_formats_and_paths():
         with pytest.raises(ValueError, match="persistent score kernel takes colwise8"):
             lk.score_pages(sc.q.to(DEVICE), store, dev.block_table, dev.seq_lens, 16, sc.block_size, coef_path=path,
                            programs_per_sm=2)
+    with pytest.raises(ValueError, match="persistent score kernel only"):
+        lk.score_pages(sc.q.to(DEVICE), store, dev.block_table, dev.seq_lens, 16, sc.block_size, coef_path="dot1tc")
 
 
 @requires_bf16_dot

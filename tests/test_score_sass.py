@@ -50,7 +50,7 @@ def test_persistent_kernel_pipelines_its_loads_through_shared_memory():
     assert piped["ldgsts"] > 0 == plain["ldgsts"]
     assert piped["spill_stores_bytes"] == 0 == plain["spill_stores_bytes"]
     assert piped["shared_bytes"] > plain["shared_bytes"]
-    with pytest.raises(ValueError, match="dot1t and halft"):
+    with pytest.raises(ValueError, match="paths only"):
         score_sass.analyse(16, 16, "dot", persistent=True)
 
 
