@@ -28,7 +28,7 @@ from torch import Tensor
 
 from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.ptx import int8_to_fp16, log2_fast
-from locks_kernels.score_persistent import score_colwise8_persistent
+from locks_kernels.score_persistent import programs_per_head, score_colwise8_persistent
 from locks_kernels.summaries import FORMAT_CODES
 
 
@@ -280,18 +280,49 @@ COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4, "d
 PERSISTENT_PATHS = ("dot1t", "halft", "dot1tc", "halftc")
 
 
-def default_tuning(groups: int, summary_format: str) -> tuple[str, int]:
-    """``(coef_path, tile_pages)`` of the score kernel, the fastest measured for a GQA group size.
+def default_tuning(groups: int, summary_format: str) -> tuple[str, int, int]:
+    """``(coef_path, tile_pages, programs_per_sm)`` of the score kernel, the fastest measured for a GQA group size
+    (``programs_per_sm`` 0: the grid kernel).
 
-    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-02, third run,
-    inline PTX on; us for one layer at batch 1): G = 16 ``dot1t`` 16 pages 107.9 at 1M (``halft`` 8 pages 106.6,
-    ``dot1`` 116.3, ``dot`` 126.1), 22.3 at 128K; G = 4 ``halft`` 16 pages 305.8 at 1M (``half`` 315.3, ``dot1t``
-    32 pages 344.6), 50.6 at 128K (51.2 with ``half``). G <= 4 takes G = 4's choice, larger groups G = 16's.
-    ``coef_path`` only matters for ``colwise8``; the other formats keep their tiles (16 pages for ``chanlog`` and
-    for groups over 4, else 32)."""
+    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-03, fifth run;
+    us for one layer at batch 1, inline PTX on): the persistent kernel with the centroid-shifted log-sum-exp and 4
+    programs an SM, 16 pages a tile, 2 tiles in flight, is the fastest at every shape timed: G = 16 ``dot1tc``
+    84.7 at 1M against the grid kernel's ``dot1t`` 111.4 (the fastest grid variant, ``halft`` 8 pages, 105.5),
+    18.9 at 128K against 22.1; G = 4 ``halftc`` 264.0 at 1M against ``halft``'s 305.5, 46.3 at 128K against
+    50.3. G <= 4 takes G = 4's choice, larger groups G = 16's. ``score_pages`` falls back to the grid kernel (the
+    same path without the shift) when the batch leaves a (KV head, sequence) fewer than 2 programs. Other formats
+    keep the grid kernel and their tiles (16 pages for ``chanlog`` and for groups over 4, else 32)."""
     if summary_format == "colwise8":
-        return ("halft", 16) if groups <= 4 else ("dot1t", 16)
-    return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32
+        return ("halftc", 16, 4) if groups <= 4 else ("dot1tc", 16, 4)
+    return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32, 0
+
+
+#: the grid kernel's path for each path of the persistent kernel only
+GRID_PATH = {"dot1tc": "dot1t", "halftc": "halft"}
+
+
+def resolve_tuning(groups: int, summary_format: str, seqs: int, heads: int, device: torch.device,
+                   coef_path: str | None = None, tile_pages: int | None = None, num_warps: int | None = None,
+                   programs_per_sm: int | None = None, pipeline_stages: int | None = None
+                   ) -> tuple[str, int, int, int, int]:
+    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages)`` the score kernel runs with: the
+    arguments given, then ``$LOCKS_SCORE_TUNING``'s fields, then ``default_tuning``'s. A path given without
+    programs runs in the grid kernel (unless only the persistent kernel has it); with neither given, the default
+    persistent kernel runs when every (KV head, sequence) of the batch gets at least 2 programs, else the grid
+    kernel with ``GRID_PATH``'s path."""
+    env_path, env_tile, env_warps, env_programs, env_stages = score_tuning()
+    path = coef_path or env_path
+    programs = programs_per_sm if programs_per_sm is not None else env_programs
+    default_path, default_tile, default_programs = default_tuning(groups, summary_format)
+    if path is None and programs is None:
+        fits = default_programs and programs_per_head(seqs, heads, 1 << 30, default_programs, device) >= 2
+        path, programs = (default_path, default_programs) if fits else (GRID_PATH.get(default_path, default_path), 0)
+    elif path is None:
+        path = default_path if programs else GRID_PATH.get(default_path, default_path)
+    elif programs is None:
+        programs = (default_programs or 4) if path in GRID_PATH else 0
+    return (path, tile_pages or env_tile or default_tile, num_warps or env_warps or 4, programs,
+            pipeline_stages or env_stages or 2)
 
 
 #: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM[,STAGES]]]]`` (``PATH`` a name
@@ -354,12 +385,9 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     chanlog = store.summary_format == "chanlog"
     if chanlog and chanlog_path == "int8":
         tile_pages = tile_pages or 8
-    tuned_path, tuned_tile, tuned_warps, tuned_programs, tuned_stages = score_tuning()
-    default_path, default_tile = default_tuning(groups, store.summary_format)
-    coef_path = coef_path or tuned_path or default_path
-    tile_pages = tile_pages or tuned_tile or default_tile
-    num_warps = num_warps or tuned_warps or 4
-    programs_per_sm = tuned_programs if programs_per_sm is None else programs_per_sm
+    coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages = resolve_tuning(
+        groups, store.summary_format, seqs, heads, q.device, coef_path, tile_pages, num_warps, programs_per_sm,
+        pipeline_stages)
     if programs_per_sm:
         if store.summary_format != "colwise8" or coef_path not in PERSISTENT_PATHS:
             raise ValueError(f"programs_per_sm={programs_per_sm}: the persistent score kernel takes colwise8 "
@@ -367,8 +395,8 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
                              f"{coef_path}")
         return score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out,
                                          tile_pages, num_warps, coef_path.startswith("half"), programs_per_sm,
-                                         pipeline_stages or tuned_stages or 2, use_ptx(ptx), coef_path.endswith("c"))
-    if coef_path in PERSISTENT_PATHS[2:]:
+                                         pipeline_stages, use_ptx(ptx), coef_path.endswith("c"))
+    if coef_path in GRID_PATH:
         raise ValueError(f"coef_path={coef_path!r} runs in the persistent score kernel only (programs_per_sm > 0)")
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
     _score_pages_kernel[grid](
@@ -441,20 +469,22 @@ def score_pages(
         tile_pages, num_warps (int | None): pages per program (default ``default_tuning``'s: 16 for
             ``colwise8``, ``chanlog`` and groups over 4, else 32; 8 for ``chanlog_path="int8"``, whose query is
             per page) and warps per program (default 4); tuning only, defaults overridden by
-            ``$LOCKS_SCORE_TUNING`` (``score_tuning``).
+            ``$LOCKS_SCORE_TUNING`` (``score_tuning``; how the fields combine: ``resolve_tuning``).
         chanlog_path (str): how ``chanlog`` computes ``V q``: ``"fp16"`` (basis dequantized in registers as an
             fp16 pair, one product for the tile) or ``"int8"`` (scales folded into a per-page fixed-point
             query); tuning only, equal results within rounding.
         coef_path (str | None): how ``colwise8`` contracts the ``B x r`` coefficients with ``V q`` (a name of
-            ``COEF_PATHS``; default ``default_tuning``'s: ``halft`` for groups up to 4, else ``dot1t``, both of
-            which round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
+            ``COEF_PATHS``; default ``default_tuning``'s: ``halftc`` for groups up to 4, else ``dot1tc``, in the
+            persistent kernel, or ``halft`` / ``dot1t`` in the grid kernel when the batch is too large for it; all
+            four round ``V q`` to fp16 once, ~2^-11 relative); tuning only, equal results within rounding.
         ptx (bool | None): inline PTX for the log-sum-exp's log2 and the int8 -> fp16 conversions (``use_ptx``;
             default on unless ``$LOCKS_SCORE_PTX=0``, never under the interpreter); the same scores within ~2^-22.
-        programs_per_sm (int | None): 0 for the grid kernel (one program a tile, the default), more for the
-            persistent one (``locks_kernels.score_persistent``: that many programs per SM walk the tiles, the next
-            tile's loads in flight while the current one is computed; ``colwise8`` with ``dot1t`` or ``halft``, the
-            same scores as the grid kernel's, or ``dot1tc`` / ``halftc``, their log-sum-exp shifted by the centroid's
-            logit, the same within rounding); tuning only.
+        programs_per_sm (int | None): 0 for the grid kernel (one program a tile), more for the persistent one
+            (``locks_kernels.score_persistent``: that many programs per SM walk the tiles, the next tile's loads in
+            flight while the current one is computed; ``colwise8`` with ``dot1t`` or ``halft``, the same scores as
+            the grid kernel's, or ``dot1tc`` / ``halftc``, their log-sum-exp shifted by the centroid's logit, the
+            same within rounding). Default: ``resolve_tuning``'s (4 for ``colwise8`` at small batches); tuning
+            only.
         pipeline_stages (int | None): tiles in flight per program of the persistent kernel (default 2; 1 loads
             each tile when it is computed); tuning only.
     Returns:

@@ -137,9 +137,10 @@ def _score_pages_persistent_kernel(
 
 def programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, device: torch.device) -> int:
     """``NPROG``, the programs per (KV head, sequence): ``programs_per_sm`` for each SM of the device (4 without a
-    GPU, for the interpreter) shared over ``seqs * heads``, at least 1 and at most ``tiles``."""
+    GPU, for the interpreter) shared over ``seqs * heads`` and rounded down (no more programs than fit at once), at
+    least 1 and at most ``tiles``."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(tiles, triton.cdiv(sms * programs_per_sm, seqs * heads)))
+    return max(1, min(tiles, sms * programs_per_sm // (seqs * heads)))
 
 
 def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages,

@@ -149,8 +149,9 @@ def main() -> int:
     if args.tuning_file and rows:
         from locks_kernels.score import default_tuning
 
-        path, tile = default_tuning(rows[0]["groups"], cfg.summary_format)
-        args.tuning_file.write_text(fastest_tuning(rows[0], f"{path} tp{tile} w4") + "\n")
+        path, tile, programs = default_tuning(rows[0]["groups"], cfg.summary_format)
+        default = label(path, tile, 4, True, programs, 2 if programs else 0)
+        args.tuning_file.write_text(fastest_tuning(rows[0], default) + "\n")
     print("RESULT:", "PASS" if not failures else "FAIL " + "; ".join(failures))
     return 1 if failures else 0
 

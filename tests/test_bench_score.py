@@ -20,13 +20,15 @@ def test_fastest_tuning_names_a_faster_variant_and_never_a_plain_one(bench):
 
 
 def test_every_group_size_times_the_defaults_with_and_without_inline_ptx_and_persistent(bench):
-    from locks_kernels.score import PERSISTENT_PATHS, default_tuning
+    from locks_kernels.score import GRID_PATH, PERSISTENT_PATHS, default_tuning
 
     for groups, variants in bench.VARIANTS.items():
         plain = {(p, tp, nw) for p, tp, nw, ptx, progs, _ in variants if not ptx and not progs}
         with_ptx = {(p, tp, nw) for p, tp, nw, ptx, progs, _ in variants if ptx and not progs}
         assert plain and plain <= with_ptx
-        assert default_tuning(groups, "colwise8") + (4,) in with_ptx
+        path, tile, programs = default_tuning(groups, "colwise8")
+        timed = {(p, tp, progs, st) for p, tp, nw, ptx, progs, st in variants if ptx and nw == 4}
+        assert (path, tile, programs, 2) in timed and (GRID_PATH[path], tile, 0, 0) in timed
         # the persistent kernel's paths, and those only there
         assert {p for p, _, _, _, progs, _ in variants if progs} == set(PERSISTENT_PATHS)
         assert not {p for p, _, _, _, progs, _ in variants if not progs} & set(PERSISTENT_PATHS[2:])

@@ -161,6 +161,26 @@ def test_persistent_centroid_shifted_lse_matches_ops(path, groups):
         _check_scores(sc, "colwise8", q.bfloat16().float(), 1e-3, coef_path=path, programs_per_sm=2)
 
 
+def test_tuning_resolution_picks_the_persistent_kernel_for_small_batches(monkeypatch):
+    """Defaults: the persistent kernel with the shifted log-sum-exp while every (KV head, sequence) gets >= 2
+    programs, else the grid kernel with the unshifted path; a path alone runs in the grid kernel (unless only the
+    persistent kernel has it); the environment fills what the arguments leave out."""
+    from locks_kernels.score import TUNING_ENV, resolve_tuning
+
+    monkeypatch.delenv(TUNING_ENV, raising=False)
+    cpu = torch.device("cpu")  # 4 SMs stand-in: 16 programs
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu) == ("dot1tc", 16, 4, 4, 2)
+    assert resolve_tuning(4, "colwise8", 2, 4, cpu) == ("halftc", 16, 4, 4, 2)
+    assert resolve_tuning(4, "colwise8", 3, 4, cpu) == ("halft", 16, 4, 0, 2)  # 16 // 12 = 1 program each
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, coef_path="dot1t") == ("dot1t", 16, 4, 0, 2)
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, coef_path="halftc") == ("halftc", 16, 4, 4, 2)
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, programs_per_sm=0) == ("dot1t", 16, 4, 0, 2)
+    assert resolve_tuning(4, "chanlog", 1, 2, cpu) == ("dot1", 16, 4, 0, 2)
+    monkeypatch.setenv(TUNING_ENV, "halft,8,4,5,3")
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu) == ("halft", 8, 4, 5, 3)
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, tile_pages=16, programs_per_sm=0) == ("halft", 16, 4, 0, 3)
+
+
 def test_persistent_grid_refuses_other_formats_and_paths():
     sc = make_scenario([40], num_kv_heads=1, groups=4, head_dim=64, seed=0)
     for fmt, path in (("chanlog", "dot1t"), ("colwise8", "dot")):
@@ -171,7 +191,8 @@ def test_persistent_grid_refuses_other_formats_and_paths():
             lk.score_pages(sc.q.to(DEVICE), store, dev.block_table, dev.seq_lens, 16, sc.block_size, coef_path=path,
                            programs_per_sm=2)
     with pytest.raises(ValueError, match="persistent score kernel only"):
-        lk.score_pages(sc.q.to(DEVICE), store, dev.block_table, dev.seq_lens, 16, sc.block_size, coef_path="dot1tc")
+        lk.score_pages(sc.q.to(DEVICE), store, dev.block_table, dev.seq_lens, 16, sc.block_size, coef_path="dot1tc",
+                       programs_per_sm=0)
 
 
 @requires_bf16_dot
