@@ -28,7 +28,10 @@ from torch import Tensor
 
 from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.ptx import int8_to_fp16, log2_fast
-from locks_kernels.score_persistent import programs_per_head, score_colwise8_persistent
+from locks_kernels.score_persistent import score_colwise8_persistent
+from locks_kernels.score_tuning import (  # noqa: F401 (COEF_PATHS and the tuning names are part of this API)
+    CHANLOG_PATHS, COEF_PATHS, GRID_PATH, PERSISTENT_PATHS, TUNING_ENV, default_tuning, resolve_tuning, score_tuning,
+)
 from locks_kernels.summaries import FORMAT_CODES
 
 
@@ -260,94 +263,6 @@ def _score_pages_kernel(
             b_lse = b_max + log2_fast(tl.sum(tl.exp2(b_logit - b_max[:, None, :]), axis=1), PTX)
         b_score = tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
         tl.store(p_out, b_score, mask=m_out)
-
-
-#: ``chanlog`` V q paths: 1 = basis dequantized to an fp16 pair (the default), 0 = scales folded into a per-page
-#: fixed-point query (int8 products; the first version, kept for timing)
-CHANLOG_PATHS = {"fp16": 1, "int8": 0}
-#: ``colwise8`` paths for the ``B x r`` coefficient contraction: 0 = batched fp16 products (hi + lo pair), 1 = one
-#: int8 ``(V q)_k`` product per direction and fp32 FMAs, 2 = one ``V q`` product and a broadcast sum over ``r``,
-#: 3 = the batched product with ``V q`` as one fp16 factor (no lo half: half the products, ~2^-11 relative error),
-#: 4 = as 3, and ``V q`` itself one fp16 product (the int8 basis converted, exact) instead of the int8 pair,
-#: 5 and 6 = 3 and 4 with the contraction transposed (``[TP, GP, B]``: the log-sum-exp over the tokens along the
-#: product's N; 13% fewer SASS instructions at G = 16, 7% at G = 4, ``samples/score_sass.py``; timed on the H200:
-#: 5 is 8% faster than 3 at G = 16, 1M, and the default there, ``default_tuning``); 7 and 8 = 5 and 6 with the
-#: log-sum-exp shifted by the centroid's logit (no max reduction; ``score_persistent._colwise8_tile_lse``), in the
-#: persistent kernel only
-COEF_PATHS = {"dot": 0, "direction": 1, "broadcast": 2, "dot1": 3, "half": 4, "dot1t": 5, "halft": 6, "dot1tc": 7,
-              "halftc": 8}
-#: the paths of the persistent kernel (``programs_per_sm`` > 0); the last two only there
-PERSISTENT_PATHS = ("dot1t", "halft", "dot1tc", "halftc")
-
-
-def default_tuning(groups: int, summary_format: str) -> tuple[str, int, int]:
-    """``(coef_path, tile_pages, programs_per_sm)`` of the score kernel, the fastest measured for a GQA group size
-    (``programs_per_sm`` 0: the grid kernel).
-
-    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-03, fifth run;
-    us for one layer at batch 1, inline PTX on): the persistent kernel with the centroid-shifted log-sum-exp and 4
-    programs an SM, 16 pages a tile, 2 tiles in flight, is the fastest at every shape timed: G = 16 ``dot1tc``
-    84.7 at 1M against the grid kernel's ``dot1t`` 111.4 (the fastest grid variant, ``halft`` 8 pages, 105.5),
-    18.9 at 128K against 22.1; G = 4 ``halftc`` 264.0 at 1M against ``halft``'s 305.5, 46.3 at 128K against
-    50.3. G <= 4 takes G = 4's choice, larger groups G = 16's. ``score_pages`` falls back to the grid kernel (the
-    same path without the shift) when the batch leaves a (KV head, sequence) fewer than 2 programs. Other formats
-    keep the grid kernel and their tiles (16 pages for ``chanlog`` and for groups over 4, else 32)."""
-    if summary_format == "colwise8":
-        return ("halftc", 16, 4) if groups <= 4 else ("dot1tc", 16, 4)
-    return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32, 0
-
-
-#: the grid kernel's path for each path of the persistent kernel only
-GRID_PATH = {"dot1tc": "dot1t", "halftc": "halft"}
-
-
-def resolve_tuning(groups: int, summary_format: str, seqs: int, heads: int, device: torch.device,
-                   coef_path: str | None = None, tile_pages: int | None = None, num_warps: int | None = None,
-                   programs_per_sm: int | None = None, pipeline_stages: int | None = None
-                   ) -> tuple[str, int, int, int, int]:
-    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages)`` the score kernel runs with: the
-    arguments given, then ``$LOCKS_SCORE_TUNING``'s fields, then ``default_tuning``'s. A path given without
-    programs runs in the grid kernel (unless only the persistent kernel has it); with neither given, the default
-    persistent kernel runs when every (KV head, sequence) of the batch gets at least 2 programs, else the grid
-    kernel with ``GRID_PATH``'s path."""
-    env_path, env_tile, env_warps, env_programs, env_stages = score_tuning()
-    path = coef_path or env_path
-    programs = programs_per_sm if programs_per_sm is not None else env_programs
-    default_path, default_tile, default_programs = default_tuning(groups, summary_format)
-    if path is None and programs is None:
-        fits = default_programs and programs_per_head(seqs, heads, 1 << 30, default_programs, device) >= 2
-        path, programs = (default_path, default_programs) if fits else (GRID_PATH.get(default_path, default_path), 0)
-    elif path is None:
-        path = default_path if programs else GRID_PATH.get(default_path, default_path)
-    elif programs is None:
-        programs = (default_programs or 4) if path in GRID_PATH else 0
-    return (path, tile_pages or env_tile or default_tile, num_warps or env_warps or 4, programs,
-            pipeline_stages or env_stages or 2)
-
-
-#: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM[,STAGES]]]]`` (``PATH`` a name
-#: of ``COEF_PATHS``; ``PROGRAMS_PER_SM`` above 0 the persistent kernel, ``STAGES`` its tiles in flight): lets
-#: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
-TUNING_ENV = "LOCKS_SCORE_TUNING"
-
-
-def score_tuning() -> tuple[str | None, int | None, int | None, int | None, int | None]:
-    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages)`` of the score kernel from
-    ``$LOCKS_SCORE_TUNING``; fields it leaves out, and all five when it is unset, are None (the caller's arguments,
-    then ``default_tuning``, decide). ``programs_per_sm`` 0 asks for the grid kernel, more for the persistent one.
-
-    Raises:
-        ValueError: on an override that does not parse."""
-    override = os.environ.get(TUNING_ENV, "").strip()
-    if not override:
-        return None, None, None, None, None
-    path, *ints = [f.strip() for f in override.split(",")]
-    if (path not in COEF_PATHS or len(ints) > 4 or not all(f.isdecimal() for f in ints)
-            or not all(int(f) > 0 for i, f in enumerate(ints) if i != 2)):
-        raise ValueError(f"{TUNING_ENV}={override!r}: expected PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM"
-                         f"[,STAGES]]]] with PATH one of {', '.join(COEF_PATHS)}")
-    tile_pages, num_warps, programs_per_sm, stages = ([int(f) for f in ints] + [None] * 4)[:4]
-    return path, tile_pages, num_warps, programs_per_sm, stages
 
 
 #: environment switch of the score kernel's inline PTX (``log2_fast``, ``int8_to_fp16``): ``0`` takes Triton's own

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from locks_kernels.ptx import int8_to_fp16, log2_fast
+from locks_kernels.score_tuning import programs_per_head
 
 
 @triton.jit
@@ -133,14 +134,6 @@ def _score_pages_persistent_kernel(
         b_score = _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP, RP, KP, GP,
                                      HALF, PTX, SHIFT)
         tl.store(p_out + o_j[:, None], b_score, mask=(o_j[:, None] < PMAX) & m_g[None, :])
-
-
-def programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, device: torch.device) -> int:
-    """``NPROG``, the programs per (KV head, sequence): ``programs_per_sm`` for each SM of the device (4 without a
-    GPU, for the interpreter) shared over ``seqs * heads`` and rounded down (no more programs than fit at once), at
-    least 1 and at most ``tiles``."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(tiles, sms * programs_per_sm // (seqs * heads)))
 
 
 def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages,

@@ -147,7 +147,7 @@ def main() -> int:
         print(f"{r['shape']} {r['context'] // 1024}K G={r['groups']}: floor {r['byte_floor_ms'] * 1e3:.1f} | best "
               f"{best} {ok[best] * 1e3:.1f} | " + " | ".join(f"{k} {v * 1e3:.1f}" for k, v in ok.items()))
     if args.tuning_file and rows:
-        from locks_kernels.score import default_tuning
+        from locks_kernels.score_tuning import default_tuning
 
         path, tile, programs = default_tuning(rows[0]["groups"], cfg.summary_format)
         default = label(path, tile, 4, True, programs, 2 if programs else 0)

@@ -20,7 +20,7 @@ def test_fastest_tuning_names_a_faster_variant_and_never_a_plain_one(bench):
 
 
 def test_every_group_size_times_the_defaults_with_and_without_inline_ptx_and_persistent(bench):
-    from locks_kernels.score import GRID_PATH, PERSISTENT_PATHS, default_tuning
+    from locks_kernels.score_tuning import GRID_PATH, PERSISTENT_PATHS, default_tuning
 
     for groups, variants in bench.VARIANTS.items():
         plain = {(p, tp, nw) for p, tp, nw, ptx, progs, _ in variants if not ptx and not progs}

@@ -1,0 +1,42 @@
+"""The score kernel's tuning (``locks_kernels.score_tuning``): the override's parsing and how arguments, override and
+measured defaults combine. Plain Python: runs without triton or a GPU."""
+
+import pytest
+import torch
+
+from locks_kernels.score_tuning import TUNING_ENV, resolve_tuning, score_tuning
+
+
+def test_score_tuning_override_from_the_environment(monkeypatch):
+    monkeypatch.delenv(TUNING_ENV, raising=False)
+    assert score_tuning() == (None, None, None, None, None)  # unset: default_tuning decides
+    monkeypatch.setenv(TUNING_ENV, "broadcast")
+    assert score_tuning() == ("broadcast", None, None, None, None)
+    monkeypatch.setenv(TUNING_ENV, "direction, 32,8")
+    assert score_tuning() == ("direction", 32, 8, None, None)
+    monkeypatch.setenv(TUNING_ENV, "dot1t,16,4,3")
+    assert score_tuning() == ("dot1t", 16, 4, 3, None)
+    monkeypatch.setenv(TUNING_ENV, "halft,16,4,0,3")
+    assert score_tuning() == ("halft", 16, 4, 0, 3)
+    for bad in ("fastest", "dot,0", "dot,16,0", "dot,16,4,2,0", "dot,16,4,2,2,1", "dot,x", "dot,16,4,-1"):
+        monkeypatch.setenv(TUNING_ENV, bad)
+        with pytest.raises(ValueError, match="expected PATH"):
+            score_tuning()
+
+
+def test_tuning_resolution_picks_the_persistent_kernel_for_small_batches(monkeypatch):
+    """Defaults: the persistent kernel with the shifted log-sum-exp while every (KV head, sequence) gets >= 2
+    programs, else the grid kernel with the unshifted path; a path alone runs in the grid kernel (unless only the
+    persistent kernel has it); the environment fills what the arguments leave out."""
+    monkeypatch.delenv(TUNING_ENV, raising=False)
+    cpu = torch.device("cpu")  # 4 SMs stand-in: 16 programs
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu) == ("dot1tc", 16, 4, 4, 2)
+    assert resolve_tuning(4, "colwise8", 2, 4, cpu) == ("halftc", 16, 4, 4, 2)
+    assert resolve_tuning(4, "colwise8", 3, 4, cpu) == ("halft", 16, 4, 0, 2)  # 16 // 12 = 1 program each
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, coef_path="dot1t") == ("dot1t", 16, 4, 0, 2)
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, coef_path="halftc") == ("halftc", 16, 4, 4, 2)
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, programs_per_sm=0) == ("dot1t", 16, 4, 0, 2)
+    assert resolve_tuning(4, "chanlog", 1, 2, cpu) == ("dot1", 16, 4, 0, 2)
+    monkeypatch.setenv(TUNING_ENV, "halft,8,4,5,3")
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu) == ("halft", 8, 4, 5, 3)
+    assert resolve_tuning(16, "colwise8", 1, 2, cpu, tile_pages=16, programs_per_sm=0) == ("halft", 16, 4, 0, 3)
