@@ -536,6 +536,24 @@ def print_table(results: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ summary
+def step_bytes(shape: str, tp: int, ctx: int, batch: int, summary_format: str, rank: int, page_size: int,
+               pages_read_frac: float) -> dict:
+    """Bytes one decode step reads in one layer, on one GPU: dense attention reads the K+V of every token; LOCKS
+    reads the summaries of every page (scoring) and the K+V of the pages it selects (``pages_read_frac``, counted
+    on the device). The scores buffer and the query / output are left out on both sides (as the floors in
+    ``kernels/NOTES.md``). Returns ``dense_bytes_per_layer``, ``locks_bytes_per_layer`` (bytes) and their ratio."""
+    from locks_engine.ops.summaries import summary_bytes
+
+    cfg = model_config(shape, 1, ctx)
+    heads = max(cfg["num_key_value_heads"] // tp, 1)
+    pages = ctx // page_size
+    per_summary, per_page_kv = summary_bytes(page_size, rank, cfg["head_dim"], summary_format)
+    dense = batch * heads * pages * per_page_kv
+    locks = batch * heads * (pages * per_summary + pages_read_frac * pages * per_page_kv)
+    return {"dense_bytes_per_layer": dense, "locks_bytes_per_layer": round(locks),
+            "bytes_ratio": round(dense / locks, 2)}
+
+
 def locks_label(result: dict) -> str | None:
     """The summary format of a LOCKS result, with its score-kernel overrides when it had any (``"colwise8 score
     dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``) and its kernels' version when named (``"colwise8
@@ -604,6 +622,9 @@ def summarize(args: argparse.Namespace) -> int:
             "dense_prefill_s": dc.get("prefill_s"), "locks_prefill_s": c.get("prefill_s"),
             "pages_read_frac": c.get("pages_read_frac"), "layers": layers, "extrapolated": False,
         }
+        if c.get("pages_read_frac") is not None and r.get("summary_format"):
+            row.update(step_bytes(shape, tp, ctx, batch, r["summary_format"], r["rank"], r.get("page_size", 16),
+                                  c["pages_read_frac"]))
         if tp > 1:
             row["tp"] = tp
         if not walk:

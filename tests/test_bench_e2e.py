@@ -399,3 +399,16 @@ def test_py_spy_is_found_in_a_target_install(bench, tmp_path, monkeypatch):
     assert bench.find_py_spy() == str(exe)
     monkeypatch.setattr(bench.sys, "path", [])
     assert bench.find_py_spy() is None
+
+
+def test_step_bytes_counts_every_summary_and_the_selected_pages(bench) -> None:
+    """LOCKS reads every page's summary (colwise8: 1,440 B a page and KV head at D = 128) and the K+V (8 KiB) of
+    the pages it selects; dense reads every token's K+V. Llama-3.1-8B at 128K, 128 of 8,192 pages read."""
+    got = bench.step_bytes("llama3.1-8b", 1, 131072, 1, "colwise8", 8, 16, 128 / 8192)
+    assert got["dense_bytes_per_layer"] == 131072 * 8 * 128 * 2 * 2
+    assert got["locks_bytes_per_layer"] == 8 * (8192 * 1440 + 128 * 8192)
+    assert got["bytes_ratio"] == pytest.approx(536870912 / 102760448, abs=0.01)
+    # two ranks of tensor parallelism: half the KV heads on each GPU; a batch multiplies both sides
+    half = bench.step_bytes("llama3.1-8b", 2, 131072, 3, "colwise8", 8, 16, 128 / 8192)
+    assert half["dense_bytes_per_layer"] == 3 * got["dense_bytes_per_layer"] // 2
+    assert half["bytes_ratio"] == got["bytes_ratio"]

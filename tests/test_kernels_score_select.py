@@ -182,9 +182,10 @@ def test_scores_on_real_keys(fmt, layer):
 
 @pytest.mark.parametrize("layer", [0, 12, 23], ids=lambda layer: f"L{layer}")
 def test_default_colwise8_path_on_real_keys_keeps_the_mass(layer):
-    """colwise8's default contraction rounds V q to fp16 once (``dot1`` / ``half``, ~2^-11 relative): on real
-    keys its scores stay within 5e-4 relative RMSE of the ops scores, and the pages it selects at a budget of a
-    quarter of the pages keep the attention mass (the ops scores' group shares) that the exact selection keeps."""
+    """colwise8's default path (the persistent kernel, V q rounded to fp16 once, ~2^-11 relative, the log-sum-exp
+    shifted by the centroid logit): on real keys (large near-constant channels, rotated by RoPE) its scores stay
+    within 5e-4 relative RMSE of the ops scores, and the pages it selects at a budget of a quarter of the pages keep
+    the attention mass (the ops scores' group shares) that the exact selection keeps."""
     sc = real_scenario(layer, num_tokens=2048 if ON_GPU else 1024)
     cpu = type(sc)(*(t.cpu() for t in (sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens)), sc.page_size)
     cfg = LocksConfig(summary_format="colwise8", budget=int(cpu.seq_lens[0]) // 4)
