@@ -81,10 +81,11 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
                             options={"num_warps": num_warps})
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        ptx.write_text(kernel.asm["ptx"])
-        report = subprocess.run([str(bin_dir / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(cubin)],
-                                capture_output=True, text=True)
+        ptx_file, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        ptx_file.write_text(kernel.asm["ptx"])
+        report = subprocess.run(
+            [str(bin_dir / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx_file), "-o", str(cubin)],
+            capture_output=True, text=True)
         regs = re.search(r"Used (\d+) registers", report.stderr)
         if report.returncode or not regs:
             raise RuntimeError(f"ptxas failed: {report.stderr.strip()[-300:]}")

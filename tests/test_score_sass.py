@@ -1,5 +1,6 @@
 """samples/score_sass.py: the static sm_90 compile of the score kernel (needs triton, no GPU)."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,16 @@ def test_counts_registers_and_instructions_and_orders_the_paths():
         assert sum(n for _, n, _ in row["by_line"]) <= row["sass_instructions"]
     # dot1 drops the lo half of the coefficient contraction: fewer instructions than dot
     assert dot1["sass_instructions"] < dot["sass_instructions"]
+
+
+def test_rows_record_the_ptx_switch_and_write_as_json(tmp_path, monkeypatch):
+    """A row says whether the inline PTX was on (a bool, not the temporary file's path), and ``--json`` writes."""
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["score_sass.py", "--groups", "16", "--tiles", "16", "--paths", "dot1t",
+                                      "--json", str(out)])
+    assert score_sass.main() == 0
+    rows = json.loads(out.read_text())
+    assert [r["ptx"] for r in rows] == [True] and rows[0]["coef_path"] == "dot1t"
 
 
 def test_fast_log2_is_one_mufu_instruction():
