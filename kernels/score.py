@@ -280,7 +280,7 @@ def use_ptx(requested: bool | None = None) -> bool:
 
 def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
                chanlog_path="fp16", coef_path=None, ptx=None, programs_per_sm=None,
-               pipeline_stages=None):
+               pipeline_stages=None, max_registers=None):
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -300,9 +300,9 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
     chanlog = store.summary_format == "chanlog"
     if chanlog and chanlog_path == "int8":
         tile_pages = tile_pages or 8
-    coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages = resolve_tuning(
+    coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages, max_registers = resolve_tuning(
         groups, store.summary_format, seqs, heads, q.device, coef_path, tile_pages, num_warps, programs_per_sm,
-        pipeline_stages)
+        pipeline_stages, max_registers)
     if programs_per_sm:
         if store.summary_format != "colwise8" or coef_path not in PERSISTENT_PATHS:
             raise ValueError(f"programs_per_sm={programs_per_sm}: the persistent score kernel takes colwise8 "
@@ -310,7 +310,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
                              f"{coef_path}")
         return score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out,
                                          tile_pages, num_warps, coef_path.startswith("half"), programs_per_sm,
-                                         pipeline_stages, use_ptx(ptx), coef_path.endswith("c"))
+                                         pipeline_stages, use_ptx(ptx), coef_path.endswith("c"), max_registers)
     if coef_path in GRID_PATH:
         raise ValueError(f"coef_path={coef_path!r} runs in the persistent score kernel only (programs_per_sm > 0)")
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
@@ -367,6 +367,7 @@ def score_pages(
     ptx: bool | None = None,
     programs_per_sm: int | None = None,
     pipeline_stages: int | None = None,
+    max_registers: int | None = None,
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
 
@@ -402,6 +403,9 @@ def score_pages(
             only.
         pipeline_stages (int | None): tiles in flight per program of the persistent kernel (default 2; 1 loads
             each tile when it is computed); tuning only.
+        max_registers (int | None): cap on the persistent kernel's registers a thread (Triton's ``maxnreg``;
+            ``score_tuning.register_cap`` gives the cap at which ``programs_per_sm`` programs fit an SM;
+            default None, the compiler's choice, as the defaults were measured); tuning only.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
         not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
@@ -414,4 +418,4 @@ def score_pages(
         raise ValueError(f"coef_path={coef_path!r}: allowed {', '.join(COEF_PATHS)}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-                      chanlog_path, coef_path, ptx, programs_per_sm, pipeline_stages)
+                      chanlog_path, coef_path, ptx, programs_per_sm, pipeline_stages, max_registers)

@@ -137,11 +137,13 @@ def _score_pages_persistent_kernel(
 
 
 def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages,
-                              num_warps, half, programs_per_sm, stages, ptx, shift=False):
+                              num_warps, half, programs_per_sm, stages, ptx, shift=False, max_registers=None):
     """The ``colwise8`` scores of ``score_pages`` from the persistent grid; arguments as ``score_pages`` (already
     checked there), ``half`` for the ``halft`` path (else ``dot1t``), ``programs_per_sm`` programs per SM,
     ``stages`` tiles in flight per program (1: no pipelining), ``shift`` the log-sum-exp shifted by the centroid's
-    logit (``_colwise8_tile_lse``). Returns ``out`` fp32 `[S, HQ, Pmax]`."""
+    logit (``_colwise8_tile_lse``), ``max_registers`` a cap on the registers a thread (None: the compiler's choice;
+    ``score_tuning.register_cap`` gives the cap at which ``programs_per_sm`` programs fit an SM). Returns ``out``
+    fp32 `[S, HQ, Pmax]`."""
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -182,5 +184,6 @@ def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_
         STAGES=stages,
         SHIFT=shift,
         num_warps=num_warps,
+        maxnreg=max_registers,
     )
     return out

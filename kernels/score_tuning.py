@@ -50,14 +50,15 @@ GRID_PATH = {"dot1tc": "dot1t", "halftc": "halft"}
 
 def resolve_tuning(groups: int, summary_format: str, seqs: int, heads: int, device: torch.device,
                    coef_path: str | None = None, tile_pages: int | None = None, num_warps: int | None = None,
-                   programs_per_sm: int | None = None, pipeline_stages: int | None = None
-                   ) -> tuple[str, int, int, int, int]:
-    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages)`` the score kernel runs with: the
+                   programs_per_sm: int | None = None, pipeline_stages: int | None = None,
+                   max_registers: int | None = None) -> tuple[str, int, int, int, int, int | None]:
+    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages, max_registers)`` the score kernel
+    runs with (``max_registers`` None: the compiler's choice): the
     arguments given, then ``$LOCKS_SCORE_TUNING``'s fields, then ``default_tuning``'s. A path given without
     programs runs in the grid kernel (unless only the persistent kernel has it); with neither given, the default
     persistent kernel runs when every (KV head, sequence) of the batch gets at least 2 programs, else the grid
     kernel with ``GRID_PATH``'s path."""
-    env_path, env_tile, env_warps, env_programs, env_stages = score_tuning()
+    env_path, env_tile, env_warps, env_programs, env_stages, env_registers = score_tuning()
     path = coef_path or env_path
     programs = programs_per_sm if programs_per_sm is not None else env_programs
     default_path, default_tile, default_programs = default_tuning(groups, summary_format)
@@ -69,32 +70,35 @@ def resolve_tuning(groups: int, summary_format: str, seqs: int, heads: int, devi
     elif programs is None:
         programs = (default_programs or 4) if path in GRID_PATH else 0
     return (path, tile_pages or env_tile or default_tile, num_warps or env_warps or 4, programs,
-            pipeline_stages or env_stages or 2)
+            pipeline_stages or env_stages or 2, max_registers or env_registers or None)
 
 
-#: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM[,STAGES]]]]`` (``PATH`` a name
-#: of ``COEF_PATHS``; ``PROGRAMS_PER_SM`` above 0 the persistent kernel, ``STAGES`` its tiles in flight): lets
+#: environment override of the tuning, ``PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM[,STAGES[,MAX_REGISTERS]]]]]``
+#: (``PATH`` a name of ``COEF_PATHS``; ``PROGRAMS_PER_SM`` above 0 the persistent kernel, ``STAGES`` its tiles in
+#: flight, ``MAX_REGISTERS`` its cap on registers a thread, 0 none): lets
 #: a benchmark compare kernel variants inside an engine, whose processes it cannot pass arguments to
 TUNING_ENV = "LOCKS_SCORE_TUNING"
 
 
-def score_tuning() -> tuple[str | None, int | None, int | None, int | None, int | None]:
-    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages)`` of the score kernel from
-    ``$LOCKS_SCORE_TUNING``; fields it leaves out, and all five when it is unset, are None (the caller's arguments,
-    then ``default_tuning``, decide). ``programs_per_sm`` 0 asks for the grid kernel, more for the persistent one.
+def score_tuning() -> tuple[str | None, int | None, int | None, int | None, int | None, int | None]:
+    """``(coef_path, tile_pages, num_warps, programs_per_sm, pipeline_stages, max_registers)`` of the score kernel
+    from ``$LOCKS_SCORE_TUNING``; fields it leaves out, and all six when it is unset, are None (the caller's
+    arguments, then ``default_tuning``, decide). ``programs_per_sm`` 0 asks for the grid kernel, more for the
+    persistent one; ``max_registers`` 0 leaves the registers to the compiler.
 
     Raises:
         ValueError: on an override that does not parse."""
     override = os.environ.get(TUNING_ENV, "").strip()
     if not override:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     path, *ints = [f.strip() for f in override.split(",")]
-    if (path not in COEF_PATHS or len(ints) > 4 or not all(f.isdecimal() for f in ints)
-            or not all(int(f) > 0 for i, f in enumerate(ints) if i != 2)):
+    if (path not in COEF_PATHS or len(ints) > 5 or not all(f.isdecimal() for f in ints)
+            or not all(int(f) > 0 for i, f in enumerate(ints) if i not in (2, 4))
+            or (len(ints) == 5 and not 0 <= int(ints[4]) <= 255)):
         raise ValueError(f"{TUNING_ENV}={override!r}: expected PATH[,TILE_PAGES[,NUM_WARPS[,PROGRAMS_PER_SM"
-                         f"[,STAGES]]]] with PATH one of {', '.join(COEF_PATHS)}")
-    tile_pages, num_warps, programs_per_sm, stages = ([int(f) for f in ints] + [None] * 4)[:4]
-    return path, tile_pages, num_warps, programs_per_sm, stages
+                         f"[,STAGES[,MAX_REGISTERS]]]]] with PATH one of {', '.join(COEF_PATHS)}")
+    tile_pages, num_warps, programs_per_sm, stages, max_registers = ([int(f) for f in ints] + [None] * 5)[:5]
+    return path, tile_pages, num_warps, programs_per_sm, stages, max_registers
 
 
 def programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, device: torch.device) -> int:
@@ -103,3 +107,15 @@ def programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, d
     least 1 and at most ``tiles``."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     return max(1, min(tiles, sms * programs_per_sm // (seqs * heads)))
+
+
+#: 32-bit registers of one SM (sm_80 and sm_90); ptxas allocates them to a thread in steps of 8
+SM_REGISTERS = 65536
+
+
+def register_cap(programs_per_sm: int, num_warps: int) -> int:
+    """Registers a thread may take so that ``programs_per_sm`` programs of ``num_warps`` warps fit one SM's
+    ``SM_REGISTERS`` at once: rounded down to a step of 8, at most 255 (the ISA's limit). A persistent program that
+    does not fit waits for one that does to finish its whole walk (measured: a fourth program of 134 registers made
+    the GLM 1M score kernel 1.4x slower than three)."""
+    return min(255, SM_REGISTERS // (programs_per_sm * num_warps * 32) // 8 * 8)

@@ -37,32 +37,30 @@ SHAPES = [
     ("llama3.1-8b", 8, 32, (1 << 20, 1 << 17)),
 ]
 PATHS = ("dot", "dot1", "half", "dot1t", "halft", "direction", "broadcast")
-#: (coef_path, tile_pages, num_warps, inline PTX, programs_per_sm, pipeline stages) per GQA group size: the grid
-#: kernel (programs_per_sm 0) at the defaults and their rivals of the earlier runs (``NOTES.md``; the other paths
-#: lost by 10% or more in all four), the defaults also without the inline PTX (label suffix " plain": Triton's own
-#: tl.log2 and int8 -> fp16, to time what it saves); then the persistent kernel over programs per SM and stages
-#: (label suffix " pN sM"; registers from ``score_sass.py --persistent``: 134 at G = 16, 16 pages, 2 stages, 94 at
-#: 8 pages, so 3 and 5 programs fit an SM), with the log-sum-exp shifted by the centroid's logit (``dot1tc``,
-#: ``halftc``) too
+#: (coef_path, tile_pages, num_warps, inline PTX, programs_per_sm, pipeline stages, register cap) per GQA group
+#: size. The grid kernel (programs_per_sm 0) at its old defaults, also without the inline PTX (label suffix " plain":
+#: Triton's own tl.log2 and int8 -> fp16); then the persistent kernel (label suffix " pN sM"): the defaults (4
+#: programs an SM, 2 stages), more programs an SM with the registers capped so that they fit (suffix " cap":
+#: ``score_tuning.register_cap``, 96 for 5 programs of 4 warps, 80 for 6, 72 for 7, 64 for 8; ``score_sass.py``
+#: counts the spills), 8 warps, 3 stages, and the unshifted paths at their best occupancy of the fifth run. The
+#: fifth run's list (2026-12-03) is in ``samples/results/score.json``'s rows.
 VARIANTS = {
-    16: [("dot1t", 16, 4, True, 0, 0), ("halft", 8, 4, True, 0, 0), ("dot1t", 8, 4, True, 0, 0),
-         ("dot1t", 16, 4, False, 0, 0)]
-    + [("dot1t", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2), (4, 2), (3, 3), (3, 1))]
-    + [("dot1t", 8, 4, True, p, st) for p, st in ((4, 2), (5, 2), (6, 2), (5, 3))]
-    + [("halft", 16, 4, True, 3, 2), ("halft", 8, 4, True, 5, 2)]
-    + [("dot1tc", 16, 4, True, p, 2) for p in (3, 4)] + [("dot1tc", 8, 4, True, 5, 2), ("halftc", 8, 4, True, 5, 2)],
-    4: [("halft", 16, 4, True, 0, 0), ("half", 16, 4, True, 0, 0), ("dot1t", 32, 4, True, 0, 0),
-        ("halft", 16, 4, False, 0, 0)]
-    + [("halft", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2), (3, 3), (3, 1))]
-    + [("dot1t", 16, 4, True, p, st) for p, st in ((2, 2), (3, 2))]
-    + [("halft", 8, 4, True, p, st) for p, st in ((4, 2), (6, 2), (5, 3))]
-    + [("halftc", 16, 4, True, p, 2) for p in (3, 4)] + [("dot1tc", 16, 4, True, 3, 2), ("halftc", 8, 4, True, 6, 2)],
+    16: [("dot1t", 16, 4, True, 0, 0, False), ("dot1t", 16, 4, False, 0, 0, False)]
+    + [("dot1tc", 16, 4, True, 4, 2, False), ("dot1tc", 16, 4, True, 5, 2, True), ("dot1tc", 16, 4, True, 4, 3, False),
+       ("dot1tc", 16, 8, True, 2, 2, False), ("dot1tc", 8, 4, True, 5, 2, False), ("dot1tc", 8, 4, True, 6, 2, True),
+       ("dot1tc", 8, 4, True, 7, 2, True), ("halftc", 16, 4, True, 4, 2, False), ("halftc", 16, 4, True, 5, 2, True),
+       ("dot1t", 8, 4, True, 5, 2, False)],
+    4: [("halft", 16, 4, True, 0, 0, False), ("halft", 16, 4, False, 0, 0, False)]
+    + [("halftc", 16, 4, True, 4, 2, False), ("halftc", 16, 4, True, 5, 2, False), ("halftc", 16, 4, True, 5, 2, True),
+       ("halftc", 16, 4, True, 6, 2, True), ("halftc", 16, 8, True, 3, 2, False), ("halftc", 8, 4, True, 6, 2, False),
+       ("halftc", 8, 4, True, 8, 2, True), ("dot1tc", 16, 4, True, 4, 2, False), ("halft", 8, 4, True, 6, 2, False)],
 }
 
 
-def label(path: str, tile: int, warps: int, ptx: bool, programs: int, stages: int) -> str:
-    """``"PATH tpTILE wWARPS"``, `` pN sM`` for the persistent kernel, `` plain`` without the inline PTX."""
-    return (f"{path} tp{tile} w{warps}" + (f" p{programs} s{stages}" if programs else "")
+def label(path: str, tile: int, warps: int, ptx: bool, programs: int, stages: int, cap: bool = False) -> str:
+    """``"PATH tpTILE wWARPS"``, `` pN sM`` for the persistent kernel, `` cap`` with its registers capped so that
+    N programs fit an SM, `` plain`` without the inline PTX."""
+    return (f"{path} tp{tile} w{warps}" + (f" p{programs} s{stages}" if programs else "") + (" cap" if cap else "")
             + ("" if ptx else " plain"))
 
 
@@ -72,15 +70,20 @@ def save(out: Path, meta: dict, rows: list, failures: list) -> None:
 
 
 def fastest_tuning(row: dict, default: str, margin: float = 0.9) -> str:
-    """``PATH,TILE_PAGES,NUM_WARPS[,PROGRAMS_PER_SM,STAGES]`` (``$LOCKS_SCORE_TUNING``) of the fastest variant of a
-    row, or "" when the ``default`` variant (label ``"PATH tpTILE wWARPS"``, the kernel's ``default_tuning`` for the
-    row's group size) is within ``1 / margin`` of it (or missing)."""
+    """``PATH,TILE_PAGES,NUM_WARPS[,PROGRAMS_PER_SM,STAGES[,MAX_REGISTERS]]`` (``$LOCKS_SCORE_TUNING``) of the
+    fastest variant of a row, or "" when the ``default`` variant (its ``label``, the kernel's ``default_tuning`` for
+    the row's group size) is within ``1 / margin`` of it (or missing)."""
     ok = {k: v for k, v in row["ms"].items() if v is not None and not k.endswith(" plain")}
     best = min(ok, key=ok.get)
     if default in ok and ok[best] >= margin * ok[default]:
         return ""
     path, tp, nw, *persistent = best.split()
-    return ",".join([path, tp[2:], nw[1:]] + [f[1:] for f in persistent])
+    fields = [path, tp[2:], nw[1:]] + [f[1:] for f in persistent if f != "cap"]
+    if "cap" in persistent:
+        from locks_kernels.score_tuning import register_cap
+
+        fields.append(str(register_cap(int(fields[3]), int(fields[2]))))
+    return ",".join(fields)
 
 
 def main() -> int:
@@ -93,6 +96,7 @@ def main() -> int:
     args = ap.parse_args()
     import locks_kernels as lk
     from bench_kernels import BLOCK, Setup, Timer, copy_bandwidth
+    from locks_kernels.score_tuning import register_cap
     from locks_engine.ops.summaries import summary_bytes
 
     cfg = LocksConfig(budget=2048, rank=8, summary_format="colwise8")
@@ -116,11 +120,11 @@ def main() -> int:
             reference = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, coef_path="dot").clone()
             finite = torch.isfinite(reference)
             top = reference[finite].abs().max().item()
-            for path, tp, nw, ptx, progs, stages in VARIANTS[groups]:
-                name = label(path, tp, nw, ptx, progs, stages)
+            for path, tp, nw, ptx, progs, stages, cap in VARIANTS[groups]:
+                name = label(path, tp, nw, ptx, progs, stages, cap)
                 out = torch.empty_like(reference)
                 kw = dict(out=out, tile_pages=tp, num_warps=nw, coef_path=path, ptx=ptx, programs_per_sm=progs,
-                          pipeline_stages=stages or None)
+                          pipeline_stages=stages or None, max_registers=register_cap(progs, nw) if cap else None)
                 try:
                     lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, **kw)
                 except Exception as exc:  # a tile the compiler refuses (registers, shared memory)

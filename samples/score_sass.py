@@ -46,11 +46,13 @@ PERSISTENT_SIGNATURE = {k: v for k, v in SIGNATURE.items() if k != "centroid_sca
 
 
 def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
-            page_size: int = 16, top: int = 12, ptx: bool = True, persistent: bool = False, stages: int = 0) -> dict:
+            page_size: int = 16, top: int = 12, ptx: bool = True, persistent: bool = False, stages: int = 0,
+            maxnreg: int | None = None) -> dict:
     """One compile of the ``colwise8`` score kernel for sm_90a (``persistent``: the persistent grid of
     ``locks_kernels.score_persistent``, paths ``PERSISTENT_PATHS``, ``stages`` tiles in flight; its loop makes
     the static count per page-head an upper bound on the loop body's, the prologue and the tail loop being counted
-    with it).
+    with it; ``loop_warp_instr_per_page_head`` counts the body of its longest loop alone). ``maxnreg`` caps the
+    registers a thread (Triton's option of that name: more programs an SM, or spills).
 
     Returns:
         dict: ``registers`` (per thread), ``spill_stores_bytes``, ``shared_bytes``, ``sass_instructions`` (static,
@@ -77,8 +79,8 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
         consts |= dict(FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], PTX=ptx)
         fn, signature, divisible = _score_pages_kernel, SIGNATURE | {k: "constexpr" for k in consts}, DIVISIBLE_BY_16
     attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
-    kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps})
+    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32), options=options)
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         ptx_file, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
@@ -96,6 +98,7 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
         listing = subprocess.run([str(bin_dir / "nvdisasm"), "-g", "-c", str(cubin)], capture_output=True, text=True,
                                  check=True).stdout
     ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    loop = longest_loop(sass)
     mix = collections.Counter(op.split(".")[0] for op in ops)
     return {"groups": groups, "tile_pages": tile_pages, "coef_path": coef_path, "num_warps": num_warps,
             "persistent": persistent,
@@ -105,7 +108,21 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
             "i2f": sum(1 for op in ops if op.startswith("I2F")),
             "ldgsts": sum(1 for op in ops if op.startswith("LDGSTS")),
             "by_line": instructions_by_line(listing, top),
-            "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1), "top": dict(mix.most_common(top))}
+            "warp_instr_per_page_head": round(len(ops) * num_warps / tile_pages, 1),
+            "loop_warp_instr_per_page_head": round(loop * num_warps / tile_pages, 1) if loop else None,
+            "maxnreg": maxnreg, "top": dict(mix.most_common(top))}
+
+
+def longest_loop(sass: str) -> int:
+    """Instructions in the longest loop of a ``cuobjdump -sass`` listing (a branch back to an earlier address, the
+    instructions from its target to it), 0 without one: per iteration, what a persistent program issues per tile."""
+    addrs, best = [], 0
+    for addr, text in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass):
+        addrs.append(int(addr, 16))
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addrs[-1]:
+            best = max(best, sum(1 for a in addrs if int(target.group(1), 16) <= a))
+    return best
 
 
 def instructions_by_line(listing: str, top: int) -> list[list]:
@@ -138,6 +155,7 @@ def main() -> int:
                     help="tl.log2 and .to(tl.float16) instead of the inline PTX (as under the interpreter)")
     ap.add_argument("--persistent", action="store_true", help="the persistent grid (dot1t, halft, dot1tc, halftc)")
     ap.add_argument("--stages", type=int, default=2, help="tiles in flight per persistent program")
+    ap.add_argument("--maxnreg", type=int, help="cap on registers a thread (Triton's maxnreg)")
     ap.add_argument("--lines", type=int, default=0, help="also print the N source lines with the most instructions")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -155,21 +173,23 @@ def main() -> int:
               file=sys.stderr)
         return 2
     rows = []
-    print("| G | pages | path | registers | spill B | shared B | warp-instr / page-head | top opcodes |")
+    print("| G | pages | path | registers | spill B | shared B | warp-instr / page-head (loop) | top opcodes |")
     print("|---|---|---|---|---|---|---|---|")
     for groups in args.groups:
         for tile in args.tiles:
             for path in paths:
                 try:
                     row = analyse(groups, tile, path, args.warps, ptx=not args.no_ptx, persistent=args.persistent,
-                                  stages=args.stages)
+                                  stages=args.stages, maxnreg=args.maxnreg)
                 except Exception as exc:  # a tile the compiler refuses: report it and go on
                     print(f"| {groups} | {tile} | {path} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
                     continue
                 rows.append(row)
                 mix = ", ".join(f"{k} {v}" for k, v in list(row["top"].items())[:6])
+                loop = row["loop_warp_instr_per_page_head"]
                 print(f"| {groups} | {tile} | {path} | {row['registers']} | {row['spill_stores_bytes']} | "
-                      f"{row['shared_bytes']} | {row['warp_instr_per_page_head']} | {mix} |")
+                      f"{row['shared_bytes']} | {row['warp_instr_per_page_head']}{'' if loop is None else f' ({loop})'}"
+                      f" | {mix} |")
                 for where, n, line_ops in row["by_line"][: args.lines]:
                     print(f"|   | | {where} | {n} | {', '.join(f'{k} {v}' for k, v in line_ops.items())} |")
     if args.json:

@@ -148,6 +148,21 @@ def test_persistent_centroid_shifted_lse_matches_ops(path, groups):
         _check_scores(sc, "colwise8", q.bfloat16().float(), 1e-3, coef_path=path, programs_per_sm=2)
 
 
+def test_persistent_scores_with_a_register_cap_are_the_same():
+    """Capping the persistent kernel's registers (so that more programs fit an SM) changes where values live, not
+    what is computed: the same scores to the bit."""
+    from locks_kernels.score_tuning import register_cap
+
+    sc = make_scenario([16 * 40 + 7, 16 * 3], num_kv_heads=2, groups=16, head_dim=128, seed=3, key_offset=20.0)
+    store = _store_on_device(build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens,
+                                                   LocksConfig(summary_format="colwise8")))
+    dev = on_device(sc)
+    free, capped = (lk.score_pages(sc.q.bfloat16().to(DEVICE), store, dev.block_table, dev.seq_lens, sc.page_size,
+                                   sc.block_size, coef_path="dot1tc", programs_per_sm=5, max_registers=cap).cpu()
+                    for cap in (None, register_cap(5, 4)))
+    assert torch.equal(free, capped) and torch.isfinite(free).any()
+
+
 def test_persistent_grid_refuses_other_formats_and_paths():
     sc = make_scenario([40], num_kv_heads=1, groups=4, head_dim=64, seed=0)
     for fmt, path in (("chanlog", "dot1t"), ("colwise8", "dot")):

@@ -61,6 +61,12 @@ def test_persistent_kernel_pipelines_its_loads_through_shared_memory():
     assert piped["ldgsts"] > 0 == plain["ldgsts"]
     assert piped["spill_stores_bytes"] == 0 == plain["spill_stores_bytes"]
     assert piped["shared_bytes"] > plain["shared_bytes"]
+    # the loop body alone: fewer instructions a page-head than the whole kernel; the grid kernel has no loop
+    assert 0 < piped["loop_warp_instr_per_page_head"] < piped["warp_instr_per_page_head"]
+    assert score_sass.analyse(16, 16, "dot1t")["loop_warp_instr_per_page_head"] is None
+    # a register cap is honoured (spilling if it must)
+    capped = score_sass.analyse(16, 16, "dot1tc", persistent=True, stages=2, maxnreg=96)
+    assert capped["registers"] <= 96 and capped["maxnreg"] == 96
     with pytest.raises(ValueError, match="paths only"):
         score_sass.analyse(16, 16, "dot", persistent=True)
 
