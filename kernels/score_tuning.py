@@ -57,7 +57,10 @@ def resolve_tuning(groups: int, summary_format: str, seqs: int, heads: int, devi
     arguments given, then ``$LOCKS_SCORE_TUNING``'s fields, then ``default_tuning``'s. A path given without
     programs runs in the grid kernel (unless only the persistent kernel has it); with neither given, the default
     persistent kernel runs when every (KV head, sequence) of the batch gets at least 2 programs, else the grid
-    kernel with ``GRID_PATH``'s path."""
+    kernel with ``GRID_PATH``'s path.
+
+    Raises:
+        ValueError: on a ``$LOCKS_SCORE_TUNING`` that does not parse (``score_tuning``)."""
     env_path, env_tile, env_warps, env_programs, env_stages, env_registers = score_tuning()
     path = coef_path or env_path
     programs = programs_per_sm if programs_per_sm is not None else env_programs
