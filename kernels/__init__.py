@@ -22,6 +22,7 @@ _MODULES = {
     "select_pages": "locks_kernels.select",
     "sparse_paged_attention": "locks_kernels.attention",
     "decode_step": "locks_kernels.step",
+    "use_lse_partials": "locks_kernels.score_tuning",
 }
 
 __all__ = sorted(_MODULES)

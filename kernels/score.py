@@ -280,7 +280,7 @@ def use_ptx(requested: bool | None = None) -> bool:
 
 def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
                chanlog_path="fp16", coef_path=None, ptx=None, programs_per_sm=None,
-               pipeline_stages=None, max_registers=None):
+               pipeline_stages=None, max_registers=None, lse_partials=False):
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -310,7 +310,8 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
                              f"{coef_path}")
         return score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out,
                                          tile_pages, num_warps, coef_path.startswith("half"), programs_per_sm,
-                                         pipeline_stages, use_ptx(ptx), coef_path.endswith("c"), max_registers)
+                                         pipeline_stages, use_ptx(ptx), coef_path.endswith("c"), max_registers,
+                                         lse_partials)
     if coef_path in GRID_PATH:
         raise ValueError(f"coef_path={coef_path!r} runs in the persistent score kernel only (programs_per_sm > 0)")
     grid = (triton.cdiv(pmax, tile_pages), heads, seqs)
@@ -348,7 +349,7 @@ def _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, ou
         PTX=use_ptx(ptx),
         num_warps=num_warps,
     )
-    return out
+    return (out, None) if lse_partials else out
 
 
 def score_pages(
@@ -368,7 +369,8 @@ def score_pages(
     programs_per_sm: int | None = None,
     pipeline_stages: int | None = None,
     max_registers: int | None = None,
-) -> Tensor:
+    lse_partials: bool = False,
+) -> Tensor | tuple[Tensor, Tensor | None]:
     """Estimated log attention mass of each page, reading only its summary (paper Eq. 2).
 
     ``s_j(q) = logsumexp_{i in page j} (scale * (q . mu_j + (V_j q) . c_i))``, as ``locks_engine.ops.score_pages``.
@@ -406,9 +408,13 @@ def score_pages(
         max_registers (int | None): cap on the persistent kernel's registers a thread (Triton's ``maxnreg``;
             ``score_tuning.register_cap`` gives the cap at which ``programs_per_sm`` programs fit an SM;
             default None, the compiler's choice, as the defaults were measured); tuning only.
+        lse_partials (bool): also return the persistent kernel's log-sum-exp partials (None from the grid kernel).
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages that are
-        not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
+        not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each. With
+        ``lse_partials``, ``(scores, partials)``: partials fp32 `[S, HQ, NPROG, 2]`, per query head and persistent
+        program the max ``m`` of its pages' scores and ``sum exp(score - m)`` over them (``-inf`` and 0 for a
+        program with no page), for ``select_pages(lse_partials=...)``; None when the grid kernel ran.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernel does not take.
         ValueError: on an unknown ``coef_path``, a persistent grid asked of another format or path, or a
@@ -418,4 +424,4 @@ def score_pages(
         raise ValueError(f"coef_path={coef_path!r}: allowed {', '.join(COEF_PATHS)}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _score_fwd(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages, num_warps,
-                      chanlog_path, coef_path, ptx, programs_per_sm, pipeline_stages, max_registers)
+                      chanlog_path, coef_path, ptx, programs_per_sm, pipeline_stages, max_registers, lse_partials)

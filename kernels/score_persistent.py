@@ -3,12 +3,14 @@
 The grid kernel of ``locks_kernels.score`` gives every tile of ``TP`` pages its own program, which loads the tile,
 waits for it, and computes: at ~1.7 us of compute a tile and a DRAM latency of the same order, a resident program
 spends much of its life waiting on its one load. Here ``NPROG`` programs per (KV head, sequence) walk the tiles
-``i_p, i_p + NPROG, ...`` and keep the next tile's loads in flight while they compute the current one (register
-double-buffering; the block-table entries two tiles ahead, so the summary loads never wait on them). The query's
-fixed-point split is made once per program instead of once per tile. Tiles past the last complete page get
-``-inf`` without loads. Same arithmetic as the ``dot1t`` and ``halft`` paths of the grid kernel (``V q`` on the
-int8 or fp16 matrix units, the ``B x r`` contraction transposed so that the log-sum-exp runs along the product's
-N), same results to the bit for the same path.
+``i_p, i_p + NPROG, ...`` and keep the next tile's loads in flight while they compute the current one (Triton's
+software pipeliner: cp.async copies into shared memory, ``STAGES`` tiles deep). The query's fixed-point split is
+made once per program instead of once per tile. Tiles past the last complete page get ``-inf`` without loads.
+Same arithmetic as the ``dot1t`` and ``halft`` paths of the grid kernel (``V q`` on the int8 or fp16 matrix units,
+the ``B x r`` contraction transposed so that the log-sum-exp runs along the product's N), same results to the bit
+for the same path. With ``PARTS`` each program also keeps the running max and sum of ``exp`` of its pages' scores
+per query head (flash-attention's online softmax, over pages), so that selection needs no pass of its own over
+the scores for their log-sum-exp.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import triton
 import triton.language as tl
 
 from locks_kernels.ptx import int8_to_fp16, log2_fast
-from locks_kernels.score_tuning import programs_per_head
+from locks_kernels.score_tuning import programs_per_head, register_cap
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def _colwise8_tile_loads(basis_ptr, coeffs_ptr, centroid_ptr, basis_scale_ptr, c
 def _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP: tl.constexpr,
                        RP: tl.constexpr, KP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
                        SHIFT: tl.constexpr):
-    """Scores `[TP, GP]` (natural log, ``-inf`` where not ``live``) of one loaded tile: ``q . mu`` in fp16, ``V q``
+    """Scores `[TP, GP]` in base 2 (``log2`` of the mass, ``-inf`` where not ``live``) of one loaded tile: ``q . mu`` in fp16, ``V q``
     on the int8 units against the fixed-point query (``HALF``: the basis converted to fp16 against the fp16
     query), rounded to fp16 once, the ``B x r`` contraction as ``[GP, KP] x [KP, B]`` per page, base-2 log-sum-exp
     over the ``B`` tokens.
@@ -82,18 +84,18 @@ def _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, 
         b_logit = (b_logit + qmu[:, :, None]) * (scale * log2e)  # base 2
         b_max = tl.max(b_logit, axis=2)
         b_lse = b_max + log2_fast(tl.sum(tl.exp2(b_logit - b_max[:, :, None]), axis=2), PTX)
-    return tl.where(live[:, None], b_lse * 0.6931471805599453, float("-inf"))
+    return tl.where(live[:, None], b_lse, float("-inf"))
 
 
 @triton.jit
 def _score_pages_persistent_kernel(
     q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr,
+    out_ptr, part_ptr,
     stride_qs, stride_qh, stride_bt, stride_os, stride_oh,
     scale, H, PMAX, NPROG,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
-    STAGES: tl.constexpr, SHIFT: tl.constexpr,
+    STAGES: tl.constexpr, SHIFT: tl.constexpr, PARTS: tl.constexpr,
 ):
     i_p, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_tp = tl.arange(0, TP)
@@ -122,6 +124,10 @@ def _score_pages_persistent_kernel(
     q_lo = (q_int - (q_hi << 8)).to(tl.int8)
     q_hi = q_hi.to(tl.int8)
     p_bt = block_table_ptr + i_s * stride_bt
+    # PARTS: running max (base 2) and sum of 2^(score - max) per page slot of the tile and query head, combined
+    # across the slots once after the loop (elementwise in the loop: no shuffles per tile)
+    b_m = tl.full([TP, GP], float("-inf"), tl.float32)
+    b_l = tl.zeros([TP, GP], dtype=tl.float32)
     # Triton's software pipeliner issues the loads of the next STAGES - 1 tiles into shared memory (cp.async)
     # while this one is computed; the block-table entries go one stage earlier than the summaries they locate
     for i_t in tl.range(i_p, n_live, NPROG, num_stages=STAGES):
@@ -132,18 +138,37 @@ def _score_pages_persistent_kernel(
                                                          coeffs_scale_ptr, block, o_j, live, i_h, H, B, D, R, RP, KP,
                                                          PPB, TP)
         b_score = _colwise8_tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP, RP, KP, GP,
-                                     HALF, PTX, SHIFT)
-        tl.store(p_out + o_j[:, None], b_score, mask=(o_j[:, None] < PMAX) & m_g[None, :])
+                                     HALF, PTX, SHIFT)  # [TP, GP] base 2
+        tl.store(p_out + o_j[:, None], b_score * 0.6931471805599453, mask=(o_j[:, None] < PMAX) & m_g[None, :])
+        if PARTS:
+            m_new = tl.maximum(b_m, b_score)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            b_l = b_l * tl.exp2(b_m - m_ref) + tl.exp2(b_score - m_ref)
+            b_m = m_new
+    if PARTS:
+        m_all = tl.max(b_m, axis=0)  # [GP]
+        m_ref = tl.where(m_all == float("-inf"), 0.0, m_all)
+        l_all = tl.sum(b_l * tl.exp2(b_m - m_ref[None, :]), axis=0)
+        # natural log: exp(s - m) = 2^(s2 - m2) with s = s2 ln 2
+        p_part = part_ptr + ((i_s * H + i_h) * G + o_g) * (NPROG * 2) + i_p * 2  # [GP]
+        tl.store(p_part, m_all * 0.6931471805599453, mask=m_g)
+        tl.store(p_part + 1, l_all, mask=m_g)
 
 
 def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_size, scale, out, tile_pages,
-                              num_warps, half, programs_per_sm, stages, ptx, shift=False, max_registers=None):
+                              num_warps, half, programs_per_sm, stages, ptx, shift=False, max_registers=None,
+                              lse_partials=False):
     """The ``colwise8`` scores of ``score_pages`` from the persistent grid; arguments as ``score_pages`` (already
     checked there), ``half`` for the ``halft`` path (else ``dot1t``), ``programs_per_sm`` programs per SM,
     ``stages`` tiles in flight per program (1: no pipelining), ``shift`` the log-sum-exp shifted by the centroid's
     logit (``_colwise8_tile_lse``), ``max_registers`` a cap on the registers a thread (None: the compiler's choice;
-    ``score_tuning.register_cap`` gives the cap at which ``programs_per_sm`` programs fit an SM). Returns ``out``
-    fp32 `[S, HQ, Pmax]`."""
+    ``score_tuning.register_cap`` gives the cap at which ``programs_per_sm`` programs fit an SM), ``lse_partials``
+    each program's log-sum-exp partials over the pages it scored (registers capped at ``register_cap`` unless
+    ``max_registers`` says otherwise). Returns ``out`` fp32 `[S, HQ, Pmax]`, and with
+    ``lse_partials`` also fp32 `[S, HQ, NPROG, 2]`: per query head and program, the largest score ``m`` of the
+    program's pages (natural log, ``-inf`` for none) and ``sum exp(score - m)`` over them (0 for none); the programs'
+    pages are disjoint and cover every complete page, so ``logsumexp(scores) = log sum_n l_n exp(m_n - max m)
+    + max m`` (what ``select_pages(lse_partials=...)`` reads instead of its own pass over the scores)."""
     seqs, num_q_heads, dim = q.shape
     heads = store.centroid.shape[1]
     rank = store.coeffs.shape[-1]
@@ -151,6 +176,10 @@ def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_
     pmax = block_table.shape[1] * ppb
     groups = num_q_heads // heads
     nprog = programs_per_head(seqs, heads, triton.cdiv(pmax, tile_pages), programs_per_sm, q.device)
+    if lse_partials and max_registers is None:
+        # the running sums take registers (dot1tc, G = 16: 166 uncapped, 3 programs an SM; 128 capped, no spills)
+        max_registers = register_cap(programs_per_sm, num_warps)
+    parts = torch.empty(seqs, num_q_heads, nprog, 2, dtype=torch.float32, device=q.device) if lse_partials else None
     _score_pages_persistent_kernel[(nprog, heads, seqs)](
         q,
         store.centroid,
@@ -161,6 +190,7 @@ def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_
         block_table,
         seq_lens,
         out,
+        out if parts is None else parts,
         q.stride(0),
         q.stride(1),
         block_table.stride(0),
@@ -183,7 +213,8 @@ def score_colwise8_persistent(q, store, block_table, seq_lens, page_size, block_
         PTX=ptx,
         STAGES=stages,
         SHIFT=shift,
+        PARTS=lse_partials,
         num_warps=num_warps,
         maxnreg=max_registers,
     )
-    return out
+    return (out, parts) if lse_partials else out

@@ -122,3 +122,23 @@ def register_cap(programs_per_sm: int, num_warps: int) -> int:
     does not fit waits for one that does to finish its whole walk (measured: a fourth program of 134 registers made
     the GLM 1M score kernel 1.4x slower than three)."""
     return min(255, SM_REGISTERS // (programs_per_sm * num_warps * 32) // 8 * 8)
+
+
+#: whether the decode step takes the log-sum-exp partials from the persistent score kernel instead of a pass of
+#: selection's own over the scores (``score_pages(lse_partials=True)``, ``select_pages(lse_partials=...)``): the
+#: kernel's running sums cost it ~10% more instructions in its loop (``samples/score_sass.py --parts``), the pass
+#: it saves is one launch; ``samples/bench_score.py`` times both as score + select
+LSE_PARTIALS = False
+#: environment override of :data:`LSE_PARTIALS`, ``1`` or ``0``
+LSE_PARTIALS_ENV = "LOCKS_LSE_PARTIALS"
+
+
+def use_lse_partials() -> bool:
+    """:data:`LSE_PARTIALS`, or ``$LOCKS_LSE_PARTIALS`` (``1``/``0``) when set.
+
+    Raises:
+        ValueError: on another value."""
+    value = os.environ.get(LSE_PARTIALS_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{LSE_PARTIALS_ENV}={value!r}: expected 1 or 0")
+    return LSE_PARTIALS if not value else value == "1"

@@ -2,7 +2,8 @@
 
 Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages:
 
-1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)``.
+1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)`` (skipped when
+   the persistent score kernel wrote such partials per program: ``select_pages(lse_partials=...)``).
 2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
    group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
@@ -74,13 +75,13 @@ def _take_top(keys, K):
 @triton.jit
 def _chunk_topk_kernel(
     scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
-    stride_ss, stride_sh, HQ, PMAX, NCHUNK, K,
-    B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NCP: tl.constexpr, KP: tl.constexpr,
+    stride_ss, stride_sh, HQ, PMAX, NCHUNK, NPART, K,
+    B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
     SINK: tl.constexpr, RECENT: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
-    o_n = tl.arange(0, NCP)
+    o_n = tl.arange(0, NPP)
     o_g = tl.arange(0, GB)
     num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
     b_pri = tl.zeros([C], dtype=tl.float32)
@@ -88,8 +89,8 @@ def _chunk_topk_kernel(
     for g0 in range(0, G, GB):
         m_g = g0 + o_g < G
         hq = i_h * G + g0 + o_g
-        m_n = m_g[:, None] & (o_n < NCHUNK)[None, :]
-        p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NCHUNK + o_n[None, :]) * 2  # [GB, NCP]
+        m_n = m_g[:, None] & (o_n < NPART)[None, :]
+        p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NPART + o_n[None, :]) * 2  # [GB, NPP]
         b_m = tl.load(p_part, mask=m_n, other=float("-inf"))
         b_l = tl.load(p_part + 1, mask=m_n, other=0.0)
         m_p = m_g[:, None] & (o_p < PMAX)[None, :]
@@ -181,7 +182,7 @@ def _warps(n: int) -> int:
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps):
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps, lse_partials):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -204,20 +205,24 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         heads_a_block = min(triton.next_power_of_2(groups), max(1, BLOCK_SCORES // chunk))
     assert heads_a_block >= 1 and heads_a_block & (heads_a_block - 1) == 0, "heads_a_block must be a power of two"
     dev = scores.device
-    part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
     cand_page = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
-    _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
-        scores,
-        part,
-        scores.stride(0),
-        scores.stride(1),
-        num_q_heads,
-        pmax,
-        nchunk,
-        C=chunk,
-        num_warps=4,
-    )
+    part = lse_partials
+    if part is None:
+        part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
+        _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
+            scores,
+            part,
+            scores.stride(0),
+            scores.stride(1),
+            num_q_heads,
+            pmax,
+            nchunk,
+            C=chunk,
+            num_warps=4,
+        )
+    assert part.shape[:2] == (seqs, num_q_heads) and part.shape[3] == 2 and part.is_contiguous(), \
+        "lse_partials must be contiguous [S, HQ, N, 2]"
     _chunk_topk_kernel[(nchunk, num_kv_heads, seqs)](
         scores,
         seq_lens,
@@ -229,12 +234,13 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         num_q_heads,
         pmax,
         nchunk,
+        part.shape[2],
         slots,
         B=cfg.page_size,
         G=groups,
         GB=heads_a_block,
         C=chunk,
-        NCP=triton.next_power_of_2(nchunk),
+        NPP=triton.next_power_of_2(part.shape[2]),
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
@@ -274,6 +280,7 @@ def select_pages(
     group: int | None = None,
     heads_a_block: int | None = None,
     chunk_warps: int | None = None,
+    lse_partials: Tensor | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -295,9 +302,14 @@ def select_pages(
         heads_a_block (int | None): query heads the chunk pass loads as one block, a power of two (None: the
             whole group, up to :data:`BLOCK_SCORES` scores a block; tuning only).
         chunk_warps (int | None): warps of a chunk-pass program (None: :data:`CHUNK_WARPS`; tuning only).
+        lse_partials (Tensor | None): fp32 `[S, HQ, N, 2]` contiguous, ``(m, sum exp(score - m))`` of each query
+            head's scores over ``N`` disjoint sets of pages that cover them all (``score_pages(lse_partials=True)``
+            writes them): the log-sum-exp of each head is combined from them and the first pass over the scores
+            (``_chunk_lse_kernel``) is skipped. None: that pass runs.
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps)
+    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps,
+                       lse_partials)

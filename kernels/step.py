@@ -9,6 +9,7 @@ from locks_engine.config import LocksConfig
 from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.attention import sparse_paged_attention
 from locks_kernels.score import score_pages
+from locks_kernels.score_tuning import use_lse_partials
 from locks_kernels.select import select_pages
 from locks_kernels.summaries import build_completed_page_summaries
 
@@ -38,6 +39,7 @@ def decode_step(
     """
     if build:
         build_completed_page_summaries(k_cache, block_table, seq_lens, store, cfg)
-    scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale)
-    selected = select_pages(scores, seq_lens, k_cache.shape[2], cfg)
+    scores, partials = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale,
+                                   lse_partials=use_lse_partials())
+    selected = select_pages(scores, seq_lens, k_cache.shape[2], cfg, lse_partials=partials)
     return sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, scale)

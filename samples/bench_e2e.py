@@ -148,6 +148,8 @@ def run_engine(args: argparse.Namespace) -> dict:
         "score_tuning": os.environ.get("LOCKS_SCORE_TUNING") or None if locks else None,
         # "0": the score kernel without its inline PTX (locks_kernels.score.PTX_ENV)
         "score_ptx": os.environ.get("LOCKS_SCORE_PTX") or None if locks else None,
+        # "1" / "0": selection over the score kernel's log-sum-exp partials or its own pass (LOCKS_LSE_PARTIALS)
+        "lse_partials": os.environ.get("LOCKS_LSE_PARTIALS") or None if locks else None,
         # a name for the kernels' version (--kernels), so that summaries fit depths within one version only
         "kernels": args.kernels if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_engine.vllm_backend.scheduler)
@@ -556,12 +558,15 @@ def step_bytes(shape: str, tp: int, ctx: int, batch: int, summary_format: str, r
 
 def locks_label(result: dict) -> str | None:
     """The summary format of a LOCKS result, with its score-kernel overrides when it had any (``"colwise8 score
-    dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``) and its kernels' version when named (``"colwise8
+    dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``; ``lse-partials`` / ``own-lse`` for ``$LOCKS_LSE_PARTIALS``
+    1 / 0) and its kernels' version when named (``"colwise8
     kernels 8f39075"``); None for FLASH_ATTN."""
     if result["backend"] != "locks":
         return None
     label = result.get("summary_format")
-    tuning = ",".join(filter(None, [result.get("score_tuning"), "plain" if result.get("score_ptx") == "0" else ""]))
+    partials = {"1": "lse-partials", "0": "own-lse"}.get(result.get("lse_partials") or "", "")
+    tuning = ",".join(filter(None, [result.get("score_tuning"), "plain" if result.get("score_ptx") == "0" else "",
+                                    partials]))
     label += f" score {tuning}" if tuning else ""
     return label + (f" kernels {result['kernels']}" if result.get("kernels") else "")
 

@@ -86,11 +86,37 @@ def fastest_tuning(row: dict, default: str, margin: float = 0.9) -> str:
     return ",".join(fields)
 
 
+def score_and_select(lk, timer, s, table, lens, cfg, failures: list, where: str) -> dict:
+    """ms of the default score kernel then ``select_pages`` in one graph: ``own pass`` (selection's
+    ``_chunk_lse_kernel`` over the scores), ``partials`` (the score kernel's log-sum-exp partials, the pass
+    skipped), and ``select`` alone. The two must select pages keeping the same group mass (checked, 1e-5)."""
+    from bench_kernels import BLOCK
+
+    scores, parts = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, lse_partials=True)
+    if parts is None:
+        return {}
+    own, shared = (lk.select_pages(scores, lens, s.heads, cfg, lse_partials=p) for p in (None, parts))
+    shares = torch.softmax(scores.double(), dim=-1).unflatten(1, (s.heads, -1)).mean(2)  # [S, H, Pmax]
+    kept = [shares.gather(2, sel.clamp(min=0)).masked_fill(sel < 0, 0).sum(-1) for sel in (own, shared)]
+    if not torch.allclose(kept[0], kept[1], rtol=1e-5, atol=1e-7):
+        failures.append(f"{where}: selection over the partials keeps another mass than its own pass")
+
+    def step(partials: bool) -> None:
+        out = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, out=scores, lse_partials=partials)
+        sc, pa = out if partials else (out, None)
+        lk.select_pages(sc, lens, s.heads, cfg, out=own, lse_partials=pa)
+
+    return {"own pass": round(timer(lambda: step(False))[0], 4), "partials": round(timer(lambda: step(True))[0], 4),
+            "select": round(timer(lambda: lk.select_pages(scores, lens, s.heads, cfg, out=own))[0], 4)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("score-out"))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds; later shapes are skipped")
+    ap.add_argument("--partials-file", type=Path, help="write 1 when score + select is faster with the score "
+                    "kernel's log-sum-exp partials at the first shape's largest context, else 0 ($LOCKS_LSE_PARTIALS)")
     ap.add_argument("--tuning-file", type=Path, help="write the fastest variant at the first shape's largest "
                     "context as a $LOCKS_SCORE_TUNING value (empty when the default is within 10%% of it)")
     args = ap.parse_args()
@@ -138,6 +164,7 @@ def main() -> int:
                     failures.append(f"{shape} {ctx}: {name} differs from dot by {diff:.2e}")
                 ms, _ = timer(lambda kw=kw: lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, **kw))
                 row["ms"][name] = round(ms, 4)
+            row["select_ms"] = score_and_select(lk, timer, s, table, lens, cfg, failures, f"{shape} {ctx}")
             rows.append(row)
             print(json.dumps(row), flush=True)
             save(args.out, meta, rows, failures)
@@ -150,6 +177,13 @@ def main() -> int:
         best = min(ok, key=ok.get)
         print(f"{r['shape']} {r['context'] // 1024}K G={r['groups']}: floor {r['byte_floor_ms'] * 1e3:.1f} | best "
               f"{best} {ok[best] * 1e3:.1f} | " + " | ".join(f"{k} {v * 1e3:.1f}" for k, v in ok.items()))
+        if r.get("select_ms"):
+            t = r["select_ms"]
+            print(f"  score + select: own pass {t['own pass'] * 1e3:.1f} | partials {t['partials'] * 1e3:.1f} | "
+                  f"select alone {t['select'] * 1e3:.1f}")
+    if args.partials_file and rows:
+        t = rows[0].get("select_ms") or {}
+        args.partials_file.write_text(("1" if t and t["partials"] < t["own pass"] else "0") + "\n")
     if args.tuning_file and rows:
         from locks_kernels.score_tuning import default_tuning
 

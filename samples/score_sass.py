@@ -42,17 +42,21 @@ SIGNATURE = {
 DIVISIBLE_BY_16 = list(range(10)) + [10, 11]  # the pointers and the query's strides (H * D, D)
 
 
-PERSISTENT_SIGNATURE = {k: v for k, v in SIGNATURE.items() if k != "centroid_scale_ptr"} | {"NPROG": "i32"}
+PERSISTENT_SIGNATURE = {
+    k: v for k, v in SIGNATURE.items() if k not in ("centroid_scale_ptr", "out_ptr") and not k.startswith("stride")
+} | {"out_ptr": "*fp32", "part_ptr": "*fp32"} | {k: v for k, v in SIGNATURE.items() if k.startswith("stride")} | {
+    "scale": "fp32", "H": "i32", "PMAX": "i32", "NPROG": "i32"}
 
 
 def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, head_dim: int = 128, rank: int = 8,
             page_size: int = 16, top: int = 12, ptx: bool = True, persistent: bool = False, stages: int = 0,
-            maxnreg: int | None = None) -> dict:
+            maxnreg: int | None = None, parts: bool = False) -> dict:
     """One compile of the ``colwise8`` score kernel for sm_90a (``persistent``: the persistent grid of
     ``locks_kernels.score_persistent``, paths ``PERSISTENT_PATHS``, ``stages`` tiles in flight; its loop makes
     the static count per page-head an upper bound on the loop body's, the prologue and the tail loop being counted
     with it; ``loop_warp_instr_per_page_head`` counts the body of its longest loop alone). ``maxnreg`` caps the
-    registers a thread (Triton's option of that name: more programs an SM, or spills).
+    registers a thread (Triton's option of that name: more programs an SM, or spills); ``parts`` with the
+    persistent kernel's log-sum-exp partials (``score_pages(lse_partials=True)``, what the engine runs).
 
     Returns:
         dict: ``registers`` (per thread), ``spill_stores_bytes``, ``shared_bytes``, ``sass_instructions`` (static,
@@ -72,9 +76,10 @@ def analyse(groups: int, tile_pages: int, coef_path: str, num_warps: int = 4, he
     if persistent:
         if coef_path not in PERSISTENT_PATHS:
             raise ValueError(f"the persistent kernel has the {', '.join(PERSISTENT_PATHS)} paths only, not {coef_path}")
-        consts |= dict(HALF=coef_path.startswith("half"), PTX=ptx, STAGES=stages, SHIFT=coef_path.endswith("c"))
+        consts |= dict(HALF=coef_path.startswith("half"), PTX=ptx, STAGES=stages, SHIFT=coef_path.endswith("c"),
+                       PARTS=parts)
         fn, signature = _score_pages_persistent_kernel, PERSISTENT_SIGNATURE | {k: "constexpr" for k in consts}
-        divisible = list(range(9)) + [9, 10]  # the pointers and the query's strides
+        divisible = list(range(10)) + [10, 11]  # the pointers and the query's strides
     else:
         consts |= dict(FMT=4, CHANLOG_PATH=1, COEF_PATH=COEF_PATHS[coef_path], PTX=ptx)
         fn, signature, divisible = _score_pages_kernel, SIGNATURE | {k: "constexpr" for k in consts}, DIVISIBLE_BY_16
@@ -156,6 +161,7 @@ def main() -> int:
     ap.add_argument("--persistent", action="store_true", help="the persistent grid (dot1t, halft, dot1tc, halftc)")
     ap.add_argument("--stages", type=int, default=2, help="tiles in flight per persistent program")
     ap.add_argument("--maxnreg", type=int, help="cap on registers a thread (Triton's maxnreg)")
+    ap.add_argument("--parts", action="store_true", help="the persistent kernel with its log-sum-exp partials")
     ap.add_argument("--lines", type=int, default=0, help="also print the N source lines with the most instructions")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -180,7 +186,7 @@ def main() -> int:
             for path in paths:
                 try:
                     row = analyse(groups, tile, path, args.warps, ptx=not args.no_ptx, persistent=args.persistent,
-                                  stages=args.stages, maxnreg=args.maxnreg)
+                                  stages=args.stages, maxnreg=args.maxnreg, parts=args.parts)
                 except Exception as exc:  # a tile the compiler refuses: report it and go on
                     print(f"| {groups} | {tile} | {path} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
                     continue

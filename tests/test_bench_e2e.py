@@ -179,6 +179,8 @@ def test_summarize_keeps_a_score_tuning_override_out_of_the_depth_fit(bench, tmp
     panels, _ = bench.plot_panels(rows)
     assert [(kind, len(rs)) for kind, _, rs in panels] == [("depth", 3)]
     assert bench.locks_label({**glm(8, "locks", 3.0), "score_ptx": "0"}) == "chanlog score plain"
+    assert bench.locks_label({**glm(8, "locks", 3.0), "lse_partials": "1", "kernels": "abc"}) == \
+        "chanlog score lse-partials kernels abc"
 
 
 def test_summarize_fits_a_named_kernels_version_on_its_own(bench, tmp_path) -> None:

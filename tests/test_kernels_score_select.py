@@ -148,6 +148,35 @@ def test_persistent_centroid_shifted_lse_matches_ops(path, groups):
         _check_scores(sc, "colwise8", q.bfloat16().float(), 1e-3, coef_path=path, programs_per_sm=2)
 
 
+@pytest.mark.parametrize("path", ["dot1t", "dot1tc", "halftc"])
+@pytest.mark.parametrize("groups", [1, 4, 16], ids=lambda g: f"gqa{g}")
+def test_persistent_lse_partials_give_each_heads_log_sum_exp(path, groups):
+    """The persistent kernel's per-program partials combine to the log-sum-exp of each query head's scores over
+    its pages (programs with no page: ``-inf`` and 0), and asking for them leaves the scores as they were."""
+    lengths = [16 * 20 + 3, 16 * 9, 5]
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=128, seed=7 + groups, key_offset=20.0)
+    sc.block_table = torch.cat([sc.block_table, torch.zeros(3, 24, dtype=torch.int32)], dim=1)
+    store = _store_on_device(build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens,
+                                                   LocksConfig(summary_format="colwise8")))
+    dev = on_device(sc)
+    args = (sc.q.bfloat16().to(DEVICE), store, dev.block_table, dev.seq_lens, sc.page_size, sc.block_size)
+    kw = dict(coef_path=path, programs_per_sm=2)
+    alone = lk.score_pages(*args, **kw).cpu()
+    scores, parts = lk.score_pages(*args, lse_partials=True, **kw)
+    scores, parts = scores.cpu(), parts.cpu()
+    assert torch.equal(scores, alone)
+    assert parts.shape[:2] == (3, 2 * groups) and parts.shape[3] == 2
+    m, l = parts[..., 0], parts[..., 1]
+    assert torch.equal(m == float("-inf"), l == 0), "a program with no page writes (-inf, 0), and only then"
+    top = m.amax(-1, keepdim=True).clamp(min=-1e30)  # a sequence with no complete page: -inf throughout
+    combined = top.squeeze(-1) + torch.log((l * torch.exp(m - top)).sum(-1))
+    expected = torch.logsumexp(scores.double(), dim=-1).float()
+    torch.testing.assert_close(combined, expected, rtol=1e-5, atol=1e-5)
+    grid_scores, none = lk.score_pages(*args, lse_partials=True, coef_path="dot1t", programs_per_sm=0)
+    assert none is None and torch.equal(grid_scores.cpu(), lk.score_pages(*args, coef_path="dot1t",
+                                                                         programs_per_sm=0).cpu())
+
+
 def test_persistent_scores_with_a_register_cap_are_the_same():
     """Capping the persistent kernel's registers (so that more programs fit an SM) changes where values live, not
     what is computed: the same scores to the bit."""
@@ -265,6 +294,30 @@ def test_selection_matches_ops_by_mass(case, groups, sink, recent):
             assert set(forced[s].nonzero().flatten().tolist()) <= set(pages.tolist())
             kept, best = shares[s, h][pages].sum(), shares[s, h][ref[s, h][ref[s, h] >= 0]].sum()
             assert torch.isclose(kept, best, rtol=1e-5, atol=1e-7), "top-k by group share"
+
+
+@pytest.mark.parametrize("groups", [1, 4, 16], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("chunk", [32, None], ids=["chunk32", "default_chunk"])
+def test_selection_from_lse_partials_matches_its_own_pass(groups, chunk):
+    """Selection over the persistent kernel's log-sum-exp partials (no pass of its own over the scores) keeps the
+    same number of pages and the same group mass as with its chunk pass."""
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2, summary_format="colwise8")
+    lengths = [16 * 150 - 5, 16 * 37, 9]
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=128, seed=11 + groups, key_offset=20.0)
+    store = _store_on_device(build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg))
+    dev = on_device(sc)
+    scores, parts = lk.score_pages(sc.q.bfloat16().to(DEVICE), store, dev.block_table, dev.seq_lens, sc.page_size,
+                                   sc.block_size, coef_path="dot1tc", programs_per_sm=3, lse_partials=True)
+    own = lk.select_pages(scores, dev.seq_lens, 2, cfg, chunk=chunk).cpu()
+    out = poisoned(own.shape, torch.int64)
+    lk.select_pages(scores, dev.seq_lens, 2, cfg, out=out, chunk=chunk, lse_partials=parts)
+    out = out.cpu()
+    assert torch.equal(out >= 0, own >= 0)
+    shares = group_mass_shares(scores.cpu(), 2)
+    for s in range(len(lengths)):
+        for h in range(2):
+            kept = [shares[s, h][sel[s, h][sel[s, h] >= 0]].sum() for sel in (out, own)]
+            assert torch.isclose(kept[0], kept[1], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("chunk, group", [(16, 2), (16, 4), (32, 2), (16, 8)])

@@ -52,3 +52,16 @@ def test_register_cap_fits_the_programs_an_sm():
     """The cap at which N programs fit an SM's 65,536 registers, in ptxas' steps of 8, at most 255."""
     assert [register_cap(p, 4) for p in (1, 2, 4, 5, 6, 8)] == [255, 255, 128, 96, 80, 64]
     assert register_cap(2, 8) == 128 and register_cap(7, 4) == 72
+
+
+def test_lse_partials_switch_from_the_environment(monkeypatch):
+    from locks_kernels.score_tuning import LSE_PARTIALS, LSE_PARTIALS_ENV, use_lse_partials
+
+    monkeypatch.delenv(LSE_PARTIALS_ENV, raising=False)
+    assert use_lse_partials() is LSE_PARTIALS
+    for value, expected in (("1", True), (" 0 ", False)):
+        monkeypatch.setenv(LSE_PARTIALS_ENV, value)
+        assert use_lse_partials() is expected
+    monkeypatch.setenv(LSE_PARTIALS_ENV, "yes")
+    with pytest.raises(ValueError, match="LOCKS_LSE_PARTIALS='yes': expected 1 or 0"):
+        use_lse_partials()
