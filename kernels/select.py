@@ -6,8 +6,8 @@ Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]`
    the persistent score kernel wrote such partials per program: ``select_pages(lse_partials=...)``).
 2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
    group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
-   32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search, and the
-   pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages). The group's
+   32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search
+   (:data:`SEARCH_ARITY`), and the pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages). The group's
    query heads are loaded as one block (up to :data:`BLOCK_SCORES` scores, then blocks of heads in turn).
 3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
    output is ascending without a sort. Where the chunks' candidates are many (long contexts),
@@ -42,17 +42,16 @@ def _chunk_lse_kernel(scores_ptr, part_ptr, stride_ss, stride_sh, HQ, PMAX, NCHU
 
 
 @triton.jit
-def _kth_largest(keys, K):
+def _kth_largest(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
     """Largest ``t >= 1`` with at least ``K`` keys ``>= t`` (1 when fewer than ``K`` keys are ``>= 1``).
 
-    8-ary search: each round counts the keys at 8 thresholds at once (one block reduction), so 11 rounds
-    cover the 2^30 + 1 possible keys. Invariant: ``count(keys >= lo) >= K`` (or ``lo == 1``) and
-    ``count(keys >= hi + 1) < K``."""
-    NT: tl.constexpr = 8
+    ``NT``-ary search: each round counts the keys at ``NT`` thresholds at once (one block reduction) and keeps
+    one ``NT``-th of the range, so ``ROUNDS`` (:func:`search_rounds`) cover the 2^30 + 1 possible keys.
+    Invariant: ``count(keys >= lo) >= K`` (or ``lo == 1``) and ``count(keys >= hi + 1) < K``."""
     o_t = tl.arange(0, NT)
     lo = tl.zeros([], dtype=tl.int32) + 1
     hi = tl.zeros([], dtype=tl.int32) + 0x40000001  # bits of 2.0 (forced) + 1
-    for _ in range(11):
+    for _ in range(ROUNDS):
         step = (hi - lo) // NT + 1
         t = lo + o_t * step  # [NT]
         good = tl.sum((keys[:, None] >= t[None, :]).to(tl.int32), axis=0) >= K
@@ -63,9 +62,9 @@ def _kth_largest(keys, K):
 
 
 @triton.jit
-def _take_top(keys, K):
+def _take_top(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
     """Mask of the ``K`` largest keys ``>= 1`` (ties towards lower positions) and each one's output slot."""
-    t = _kth_largest(keys, K)
+    t = _kth_largest(keys, K, NT, ROUNDS)
     above = keys > t
     tied = keys == t
     take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= K - tl.sum(above.to(tl.int32), axis=0)))
@@ -77,7 +76,7 @@ def _chunk_topk_kernel(
     scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
     stride_ss, stride_sh, HQ, PMAX, NCHUNK, NPART, K,
     B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
-    SINK: tl.constexpr, RECENT: tl.constexpr,
+    SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
@@ -105,7 +104,7 @@ def _chunk_topk_kernel(
     forced = (o_p < SINK) | (o_p >= num_pages - 1 - RECENT)
     b_pri = tl.where(forced, 2.0, b_pri)
     keys = tl.where(o_p < num_pages, b_pri.to(tl.int32, bitcast=True) + 1, 0)
-    take, slot, n_taken = _take_top(keys, K)
+    take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
     base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
     tl.store(cand_key_ptr + base + slot, keys, mask=take)
     tl.store(cand_page_ptr + base + slot, o_p, mask=take)
@@ -115,13 +114,13 @@ def _chunk_topk_kernel(
 
 @triton.jit
 def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_oh, NCHUNK, K,
-                       KP: tl.constexpr, NP: tl.constexpr):
+                       KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
     i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_n = tl.arange(0, NP)
     base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
     keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
     pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
-    take, slot, n_taken = _take_top(keys, K)
+    take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
     p_out = out_ptr + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + slot, pages.to(tl.int64), mask=take)
     o_k = tl.arange(0, KP)
@@ -130,7 +129,7 @@ def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_o
 
 @triton.jit
 def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUNK, NGROUP, K,
-                       GROUP: tl.constexpr, KP: tl.constexpr):
+                       GROUP: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
     """Top ``K`` candidates of chunks ``[g * GROUP, (g + 1) * GROUP)``, stored as one chunk's candidates."""
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_n = tl.arange(0, GROUP * KP)
@@ -139,7 +138,7 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
     valid = first + o_n < NCHUNK * KP
     keys = tl.load(key_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
     pages = tl.load(page_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
-    take, slot, n_taken = _take_top(keys, K)
+    take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
     base = (head * NGROUP + i_g) * KP
     tl.store(key_out_ptr + base + slot, keys, mask=take)
     tl.store(page_out_ptr + base + slot, pages, mask=take)
@@ -164,6 +163,20 @@ BLOCK_SCORES = 16 * 2048
 CHUNK_WARPS = 8
 
 
+#: thresholds counted per round of the K-th-largest search (a power of two): more thresholds, fewer rounds (11 at 8,
+#: 8 at 16), each with a wider block reduction
+SEARCH_ARITY = 8
+
+
+def search_rounds(arity: int) -> int:
+    """Rounds of an ``arity``-ary search that narrow the 2^30 + 1 possible keys to one (each keeps at most
+    ``width // arity``): 11 for 8, 8 for 16."""
+    width, rounds = 1 << 30, 0
+    while width:
+        width, rounds = width // arity, rounds + 1
+    return rounds
+
+
 def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
     """``(chunk, group)`` for scores over ``pmax`` pages and ``kp = next_pow2(K)`` slots: pages per first-pass
     program (:data:`CHUNK`, at most ``next_pow2(pmax)``, at least ``kp``), and chunks per group-pass program
@@ -182,7 +195,8 @@ def _warps(n: int) -> int:
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps, lse_partials):
+def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps, lse_partials,
+                search_arity):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -197,6 +211,9 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
         return out
     kp = triton.next_power_of_2(slots)
+    arity = search_arity or SEARCH_ARITY
+    assert arity >= 2 and arity & (arity - 1) == 0, "search_arity must be a power of two >= 2"
+    rounds = search_rounds(arity)
     assert not group or group & (group - 1) == 0, "group must be a power of two"
     chunk, group = plan(pmax, kp, chunk, group)
     nchunk = triton.cdiv(pmax, chunk)
@@ -244,6 +261,8 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         KP=kp,
         SINK=cfg.sink_pages,
         RECENT=cfg.recent_pages,
+        NT=arity,
+        ROUNDS=rounds,
         num_warps=chunk_warps or CHUNK_WARPS,
     )
     if group:
@@ -252,7 +271,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         group_page = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
         _group_topk_kernel[(ngroup, num_kv_heads, seqs)](
             cand_key, cand_page, group_key, group_page, nchunk, ngroup, slots,
-            GROUP=group, KP=kp, num_warps=_warps(group * kp),
+            GROUP=group, KP=kp, NT=arity, ROUNDS=rounds, num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
     _merge_topk_kernel[(num_kv_heads, seqs)](
@@ -265,6 +284,8 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         slots,
         KP=kp,
         NP=triton.next_power_of_2(nchunk * kp),
+        NT=arity,
+        ROUNDS=rounds,
         num_warps=_warps(nchunk * kp),
     )
     return out
@@ -281,6 +302,7 @@ def select_pages(
     heads_a_block: int | None = None,
     chunk_warps: int | None = None,
     lse_partials: Tensor | None = None,
+    search_arity: int | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -306,10 +328,12 @@ def select_pages(
             head's scores over ``N`` disjoint sets of pages that cover them all (``score_pages(lse_partials=True)``
             writes them): the log-sum-exp of each head is combined from them and the first pass over the scores
             (``_chunk_lse_kernel``) is skipped. None: that pass runs.
+        search_arity (int | None): thresholds per round of the K-th-largest search, a power of two (None:
+            :data:`SEARCH_ARITY`; tuning only, the same pages whatever the arity).
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps,
-                       lse_partials)
+                       lse_partials, search_arity)

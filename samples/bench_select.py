@@ -1,6 +1,6 @@
 """Top-K page selection alone on the GPU: the plan of ``locks_kernels.select`` (chunk size and group pass) against
-fixed plans, and the chunk pass's query heads a block and warps, at the shapes of the end-to-end engines (GPU
-machine).
+fixed plans, the chunk pass's query heads a block and warps, and the arity of the K-th-largest search, at the
+shapes of the end-to-end engines (GPU machine).
 
 Scores are random (fp32 `[S, HQ, Pmax]`, ``Pmax`` = the block table's width in pages for ``max_model_len`` =
 context + 640, as in ``bench_e2e.py``), budget 2048 tokens (K = 128 pages of 16); every plan must select the same
@@ -63,11 +63,15 @@ def main() -> int:
         for block, warps in ((groups, 8), (groups, 16), (1, 8), (1, 4)):
             what = "the group" if block == groups else "one head"
             plans[f"plan, {what} a block, {warps} warps"] = (None, None, block, warps)
+        # the K-th-largest search: fewer thresholds a round (more rounds) or more (fewer rounds, wider reductions)
+        for arity in (4, 16):
+            plans[f"plan, {arity}-ary search"] = (None, None, None, None, arity)
         row = {"shape": name, "context": ctx, "kv_heads": heads, "seqs": seqs, "pmax": pmax,
                "plan": plan(pmax, 128), "ms": {}}
         reference = None
-        for label, (chunk, group, block, warps) in plans.items():
-            tuning = {"chunk": chunk, "group": group, "heads_a_block": block, "chunk_warps": warps}
+        for label, (chunk, group, block, warps, *arity) in plans.items():
+            tuning = {"chunk": chunk, "group": group, "heads_a_block": block, "chunk_warps": warps,
+                      "search_arity": arity[0] if arity else None}
             picked = lk.select_pages(scores, seq_lens, heads, cfg, **tuning).clone()
             if reference is None:
                 reference = picked

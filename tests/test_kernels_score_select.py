@@ -320,6 +320,23 @@ def test_selection_from_lse_partials_matches_its_own_pass(groups, chunk):
             assert torch.isclose(kept[0], kept[1], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("arity", [2, 4, 16, 32])
+def test_search_arity_selects_the_same_pages(arity):
+    """However many thresholds a round of the K-th-largest search counts (and so however many rounds), the pages
+    are the same, ties across chunks included, through the chunk, group and merge passes."""
+    from locks_kernels.select import search_rounds
+
+    assert arity ** search_rounds(arity) > 1 << 30 >= arity ** (search_rounds(arity) - 1)
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)
+    seq_lens = torch.tensor([16 * 150 - 5, 16 * 37, 16 * 9], dtype=torch.int32)
+    scores = _random_scores(3, 8, 150, seq_lens, seed=arity)
+    scores[0, :, 40:60] = 0.5
+    args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
+    for chunk, group in ((16, 4), (32, 0)):
+        assert torch.equal(lk.select_pages(*args, chunk=chunk, group=group, search_arity=arity).cpu(),
+                           lk.select_pages(*args, chunk=chunk, group=group).cpu())
+
+
 @pytest.mark.parametrize("chunk, group", [(16, 2), (16, 4), (32, 2), (16, 8)])
 def test_group_pass_selects_what_one_merge_selects(chunk, group):
     """The group pass (top K of each group of chunks, then the merge) gives exactly the single merge's pages,
