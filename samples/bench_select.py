@@ -41,14 +41,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("select-out"))
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--shapes", help="comma list of shape names to time (default: all), e.g. 'glm 1M,glm 128K'")
     args = ap.parse_args()
+    shapes = [s for s in SHAPES if not args.shapes or s[0] in args.shapes.split(",")]
     import locks_kernels as lk
     from bench_kernels import Timer
     from locks_kernels.select import plan
 
     cfg = LocksConfig(budget=2048)
     timer, rows, failures = Timer(args.reps), [], []
-    for name, ctx, heads, q_heads, seqs in SHAPES:
+    for name, ctx, heads, q_heads, seqs in shapes:
         pmax = -(-(ctx + 640) // 16)
         gen = torch.Generator(device="cuda").manual_seed(ctx + heads)
         scores = torch.randn(seqs, q_heads, pmax, device="cuda", generator=gen)
