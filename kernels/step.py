@@ -39,7 +39,11 @@ def decode_step(
     """
     if build:
         build_completed_page_summaries(k_cache, block_table, seq_lens, store, cfg)
-    scores, partials = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale,
-                                   lse_partials=use_lse_partials())
+    partials = None
+    if use_lse_partials():
+        scores, partials = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale,
+                                       lse_partials=True)
+    else:
+        scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale)
     selected = select_pages(scores, seq_lens, k_cache.shape[2], cfg, lse_partials=partials)
     return sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, scale)

@@ -399,3 +399,33 @@ def test_all_minus_inf_scores_still_select_forced_pages():
     scores = torch.full((1, 2, 20), float("-inf"))
     out = lk.select_pages(scores.to(DEVICE), torch.tensor([20 * 16 - 3], dtype=torch.int32, device=DEVICE), 1, cfg)
     assert torch.equal(out[0, 0].cpu(), torch.tensor([0, 18, 19]))
+
+
+@pytest.mark.parametrize("partials", ["0", "1"], ids=["own_lse_pass", "lse_partials"])
+def test_decode_step_and_backend_selection_with_either_lse(monkeypatch, partials):
+    """``$LOCKS_LSE_PARTIALS`` switches the decode step (``decode_step`` and the backend's ``gpu.select``) between
+    selection's own log-sum-exp pass and the score kernel's partials: the same group mass either way, and the
+    step attends over the pages selected."""
+    from locks_engine.vllm_backend import gpu
+
+    monkeypatch.setenv("LOCKS_LSE_PARTIALS", partials)
+    monkeypatch.delenv("LOCKS_SCORE_TUNING", raising=False)
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2, summary_format="colwise8")
+    sc = on_device(make_scenario([16 * 40 + 5, 16 * 9 + 3], num_kv_heads=2, groups=4, head_dim=128, seed=5,
+                                 key_offset=10.0))
+    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    scale = 128 ** -0.5
+    selected = gpu.select(sc.q, sc.k_cache, sc.block_table, sc.seq_lens, store, cfg, scale, 2).cpu()
+    scores = lk.score_pages(sc.q, store, sc.block_table, sc.seq_lens, 16, sc.block_size)
+    own = lk.select_pages(scores, sc.seq_lens, 2, cfg).cpu()
+    assert torch.equal(selected >= 0, own >= 0)
+    shares = group_mass_shares(scores.cpu(), 2)
+    for s in range(2):
+        for h in range(2):
+            kept = [shares[s, h][sel[s, h][sel[s, h] >= 0]].sum() for sel in (selected, own)]
+            assert torch.isclose(kept[0], kept[1], rtol=1e-5, atol=1e-7)
+    out, lse = lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg, build=False)
+    ref_out, ref_lse = lk.sparse_paged_attention(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens,
+                                                 selected.to(DEVICE), 16)
+    assert_close("step out", ref_out.float().cpu(), out.float().cpu(), 1e-5)
+    assert_close("step lse", ref_lse.cpu(), lse.cpu(), 1e-6)

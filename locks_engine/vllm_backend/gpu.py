@@ -72,8 +72,12 @@ def select(
         scores = torch.empty(q.shape[0], q.shape[1], pmax, dtype=torch.float32, device=q.device)
         return lk.select_pages(scores, seq_lens, num_kv_heads, cfg)
     # the persistent score kernel's log-sum-exp partials can spare selection its own pass over the scores
-    scores, partials = lk.score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, scale,
-                                      lse_partials=lk.use_lse_partials())
+    partials = None
+    if lk.use_lse_partials():
+        scores, partials = lk.score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, scale,
+                                          lse_partials=True)
+    else:
+        scores = lk.score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, scale)
     return lk.select_pages(scores, seq_lens, num_kv_heads, cfg, lse_partials=partials)
 
 
