@@ -196,7 +196,7 @@ def _warps(n: int) -> int:
 
 
 def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps, lse_partials,
-                search_arity):
+                search_arity, merge_warps):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -271,7 +271,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         group_page = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
         _group_topk_kernel[(ngroup, num_kv_heads, seqs)](
             cand_key, cand_page, group_key, group_page, nchunk, ngroup, slots,
-            GROUP=group, KP=kp, NT=arity, ROUNDS=rounds, num_warps=_warps(group * kp),
+            GROUP=group, KP=kp, NT=arity, ROUNDS=rounds, num_warps=merge_warps or _warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
     _merge_topk_kernel[(num_kv_heads, seqs)](
@@ -286,7 +286,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         NP=triton.next_power_of_2(nchunk * kp),
         NT=arity,
         ROUNDS=rounds,
-        num_warps=_warps(nchunk * kp),
+        num_warps=merge_warps or _warps(nchunk * kp),
     )
     return out
 
@@ -303,6 +303,7 @@ def select_pages(
     chunk_warps: int | None = None,
     lse_partials: Tensor | None = None,
     search_arity: int | None = None,
+    merge_warps: int | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -330,10 +331,12 @@ def select_pages(
             (``_chunk_lse_kernel``) is skipped. None: that pass runs.
         search_arity (int | None): thresholds per round of the K-th-largest search, a power of two (None:
             :data:`SEARCH_ARITY`; tuning only, the same pages whatever the arity).
+        merge_warps (int | None): warps of a group-pass and merge program (None: by candidate count, 4 to 16;
+            1 keeps the search's reductions inside one warp, no barriers; tuning only).
     Returns:
         Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps,
-                       lse_partials, search_arity)
+                       lse_partials, search_arity, merge_warps)

@@ -1,6 +1,6 @@
 """Top-K page selection alone on the GPU: the plan of ``locks_kernels.select`` (chunk size and group pass) against
-fixed plans, the chunk pass's query heads a block and warps, and the arity of the K-th-largest search, at the
-shapes of the end-to-end engines (GPU machine).
+fixed plans, the chunk pass's query heads a block and warps, the arity of the K-th-largest search and the warps of
+the group and merge passes, at the shapes of the end-to-end engines (GPU machine).
 
 Scores are random (fp32 `[S, HQ, Pmax]`, ``Pmax`` = the block table's width in pages for ``max_model_len`` =
 context + 640, as in ``bench_e2e.py``), budget 2048 tokens (K = 128 pages of 16); every plan must select the same
@@ -67,13 +67,17 @@ def main() -> int:
             plans[f"plan, {what} a block, {warps} warps"] = (None, None, block, warps)
         # the K-th-largest search: fewer thresholds a round (more rounds) or more (fewer rounds, wider reductions)
         for arity in (4, 16):
-            plans[f"plan, {arity}-ary search"] = (None, None, None, None, arity)
+            plans[f"plan, {arity}-ary search"] = (None, None, None, None, arity, None)
+        # group pass and merge in fewer warps: the search's block reductions without (1) or with fewer barriers
+        for warps in (1, 2):
+            plans[f"plan, merge {warps} warp{'s' if warps > 1 else ''}"] = (None, None, None, None, None, warps)
         row = {"shape": name, "context": ctx, "kv_heads": heads, "seqs": seqs, "pmax": pmax,
                "plan": plan(pmax, 128), "ms": {}}
         reference = None
-        for label, (chunk, group, block, warps, *arity) in plans.items():
+        for label, (chunk, group, block, warps, *more) in plans.items():
+            arity, merge_warps = more or (None, None)
             tuning = {"chunk": chunk, "group": group, "heads_a_block": block, "chunk_warps": warps,
-                      "search_arity": arity[0] if arity else None}
+                      "search_arity": arity, "merge_warps": merge_warps}
             picked = lk.select_pages(scores, seq_lens, heads, cfg, **tuning).clone()
             if reference is None:
                 reference = picked

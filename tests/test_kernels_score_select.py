@@ -337,6 +337,19 @@ def test_search_arity_selects_the_same_pages(arity):
                            lk.select_pages(*args, chunk=chunk, group=group).cpu())
 
 
+@pytest.mark.parametrize("warps", [1, 2])
+def test_merge_in_fewer_warps_selects_the_same_pages(warps):
+    """The group pass and the merge in one or two warps (reductions without barriers) select the same pages."""
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)
+    seq_lens = torch.tensor([16 * 150 - 5, 16 * 37, 16 * 9], dtype=torch.int32)
+    scores = _random_scores(3, 8, 150, seq_lens, seed=warps)
+    scores[0, :, 40:60] = 0.5
+    args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
+    for chunk, group in ((16, 4), (32, 0)):
+        assert torch.equal(lk.select_pages(*args, chunk=chunk, group=group, merge_warps=warps).cpu(),
+                           lk.select_pages(*args, chunk=chunk, group=group).cpu())
+
+
 @pytest.mark.parametrize("chunk, group", [(16, 2), (16, 4), (32, 2), (16, 8)])
 def test_group_pass_selects_what_one_merge_selects(chunk, group):
     """The group pass (top K of each group of chunks, then the merge) gives exactly the single merge's pages,
