@@ -401,8 +401,8 @@ def score_pages(
             (``locks_kernels.score_persistent``: that many programs per SM walk the tiles, the next tile's loads in
             flight while the current one is computed; ``colwise8`` with ``dot1t`` or ``halft``, the same scores as
             the grid kernel's, or ``dot1tc`` / ``halftc``, their log-sum-exp shifted by the centroid's logit, the
-            same within rounding). Default: ``resolve_tuning``'s (4 for ``colwise8`` at small batches); tuning
-            only.
+            same within rounding). Default: ``resolve_tuning``'s (``colwise8`` at small batches: 4 at G > 4, 5
+            at G <= 4); tuning only.
         pipeline_stages (int | None): tiles in flight per program of the persistent kernel (default 2; 1 loads
             each tile when it is computed); tuning only.
         max_registers (int | None): cap on the persistent kernel's registers a thread (Triton's ``maxnreg``;

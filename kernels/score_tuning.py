@@ -31,16 +31,20 @@ def default_tuning(groups: int, summary_format: str) -> tuple[str, int, int]:
     """``(coef_path, tile_pages, programs_per_sm)`` of the score kernel, the fastest measured for a GQA group size
     (``programs_per_sm`` 0: the grid kernel).
 
-    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, 2026-12-03, fifth run;
-    us for one layer at batch 1, inline PTX on): the persistent kernel with the centroid-shifted log-sum-exp and 4
-    programs an SM, 16 pages a tile, 2 tiles in flight, is the fastest at every shape timed: G = 16 ``dot1tc``
-    84.7 at 1M against the grid kernel's ``dot1t`` 111.4 (the fastest grid variant, ``halft`` 8 pages, 105.5),
-    18.9 at 128K against 22.1; G = 4 ``halftc`` 264.0 at 1M against ``halft``'s 305.5, 46.3 at 128K against
-    50.3. G <= 4 takes G = 4's choice, larger groups G = 16's. ``score_pages`` falls back to the grid kernel (the
-    same path without the shift) when the batch leaves a (KV head, sequence) fewer than 2 programs. Other formats
-    keep the grid kernel and their tiles (16 pages for ``chanlog`` and for groups over 4, else 32)."""
+    ``colwise8`` on one H200 (``samples/bench_score.py``, ``samples/results/score.json``, us for one layer at batch
+    1, inline PTX on): the persistent kernel with the centroid-shifted log-sum-exp, 16 pages a tile, 2 tiles in
+    flight. G = 16, ``dot1tc`` with 4 programs an SM (its 128 registers fit 4): 84.7 at 1M in the fifth run
+    (2026-12-03) and 84.9 in the sixth (2026-12-03, later), against the grid kernel's ``dot1t`` 111.4 / 111.6;
+    18.9 / 19.0 at 128K against 22.1 / 21.9; no capped variant of the sixth run beat it by more than 3% (8 pages,
+    6 programs capped at 80 registers: 86.0 at 1M, 18.5 at 128K). G = 4, ``halftc`` with 5 programs an SM (its 96
+    registers fit 5 uncapped): 247.5 at 1M and 42.1 at 128K in the sixth run, against 262.4 and 45.5 with 4
+    programs and the grid kernel's ``halft`` 305.7 and 50.1 (6 programs capped at 80 registers: 243.8 and 41.5,
+    within 2%, not taken: a cap changes the compiled code). G <= 4 takes G = 4's choice, larger groups G = 16's.
+    ``score_pages`` falls back to the grid kernel (the same path without the shift) when the batch leaves a (KV
+    head, sequence) fewer than 2 programs. Other formats keep the grid kernel and their tiles (16 pages for
+    ``chanlog`` and for groups over 4, else 32)."""
     if summary_format == "colwise8":
-        return ("halftc", 16, 4) if groups <= 4 else ("dot1tc", 16, 4)
+        return ("halftc", 16, 5) if groups <= 4 else ("dot1tc", 16, 4)
     return "dot1", 16 if summary_format == "chanlog" or groups > 4 else 32, 0
 
 

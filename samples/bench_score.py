@@ -39,11 +39,13 @@ SHAPES = [
 PATHS = ("dot", "dot1", "half", "dot1t", "halft", "direction", "broadcast")
 #: (coef_path, tile_pages, num_warps, inline PTX, programs_per_sm, pipeline stages, register cap) per GQA group
 #: size. The grid kernel (programs_per_sm 0) at its old defaults, also without the inline PTX (label suffix " plain":
-#: Triton's own tl.log2 and int8 -> fp16); then the persistent kernel (label suffix " pN sM"): the defaults (4
-#: programs an SM, 2 stages), more programs an SM with the registers capped so that they fit (suffix " cap":
-#: ``score_tuning.register_cap``, 96 for 5 programs of 4 warps, 80 for 6, 72 for 7, 64 for 8; ``score_sass.py``
-#: counts the spills), 8 warps, 3 stages, and the unshifted paths at their best occupancy of the fifth run. The
-#: fifth run's list (2026-12-03) is in ``samples/results/score.json``'s rows.
+#: Triton's own tl.log2 and int8 -> fp16); then the persistent kernel (label suffix " pN sM"): 4 and 5 programs
+#: an SM with 2 stages (the defaults: ``score_tuning.default_tuning``), more programs an SM with the registers
+#: capped so that they fit (suffix " cap": ``score_tuning.register_cap``, 96 for 5 programs of 4 warps, 80 for 6,
+#: 72 for 7, 64 for 8; ``score_sass.py`` counts the spills), 8 warps, 3 stages, and the unshifted paths at their
+#: best occupancy of the fifth run. This is the sixth run's list (2026-12-03, ``samples/results/score.json``); each
+#: row also times the default kernel and ``select_pages`` together, with and without the score kernel's
+#: log-sum-exp partials (``score_and_select``).
 VARIANTS = {
     16: [("dot1t", 16, 4, True, 0, 0, False), ("dot1t", 16, 4, False, 0, 0, False)]
     + [("dot1tc", 16, 4, True, 4, 2, False), ("dot1tc", 16, 4, True, 5, 2, True), ("dot1tc", 16, 4, True, 4, 3, False),

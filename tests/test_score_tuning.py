@@ -34,8 +34,8 @@ def test_tuning_resolution_picks_the_persistent_kernel_for_small_batches(monkeyp
     monkeypatch.delenv(TUNING_ENV, raising=False)
     cpu = torch.device("cpu")  # 4 SMs stand-in: 16 programs
     assert resolve_tuning(16, "colwise8", 1, 2, cpu) == ("dot1tc", 16, 4, 4, 2, None)
-    assert resolve_tuning(4, "colwise8", 2, 4, cpu) == ("halftc", 16, 4, 4, 2, None)
-    assert resolve_tuning(4, "colwise8", 3, 4, cpu) == ("halft", 16, 4, 0, 2, None)  # 16 // 12 = 1 program each
+    assert resolve_tuning(4, "colwise8", 2, 4, cpu) == ("halftc", 16, 4, 5, 2, None)  # 20 // 8 = 2 programs each
+    assert resolve_tuning(4, "colwise8", 3, 4, cpu) == ("halft", 16, 4, 0, 2, None)  # 20 // 12 = 1 program each
     assert resolve_tuning(16, "colwise8", 1, 2, cpu, coef_path="dot1t") == ("dot1t", 16, 4, 0, 2, None)
     assert resolve_tuning(16, "colwise8", 1, 2, cpu, coef_path="halftc") == ("halftc", 16, 4, 4, 2, None)
     assert resolve_tuning(16, "colwise8", 1, 2, cpu, programs_per_sm=0) == ("dot1t", 16, 4, 0, 2, None)
