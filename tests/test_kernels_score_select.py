@@ -320,33 +320,26 @@ def test_selection_from_lse_partials_matches_its_own_pass(groups, chunk):
             assert torch.isclose(kept[0], kept[1], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("arity", [2, 4, 16, 32])
-def test_search_arity_selects_the_same_pages(arity):
-    """However many thresholds a round of the K-th-largest search counts (and so however many rounds), the pages
-    are the same, ties across chunks included, through the chunk, group and merge passes."""
+SEARCH_TUNINGS = {f"arity{a}": {"search_arity": a} for a in (2, 4, 16, 32)} | {
+    f"merge_{w}warp": {"merge_warps": w} for w in (1, 2)}
+
+
+@pytest.mark.parametrize("tuning", SEARCH_TUNINGS.values(), ids=SEARCH_TUNINGS.keys())
+def test_search_tunings_select_the_same_pages(tuning):
+    """However many thresholds a round of the K-th-largest search counts (and so however many rounds), and however
+    few warps the group pass and the merge take (1: reductions without barriers), the pages are the same, ties
+    across chunks included, through the chunk, group and merge passes."""
     from locks_kernels.select import search_rounds
 
+    arity = tuning.get("search_arity", 8)
     assert arity ** search_rounds(arity) > 1 << 30 >= arity ** (search_rounds(arity) - 1)
     cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)
     seq_lens = torch.tensor([16 * 150 - 5, 16 * 37, 16 * 9], dtype=torch.int32)
-    scores = _random_scores(3, 8, 150, seq_lens, seed=arity)
+    scores = _random_scores(3, 8, 150, seq_lens, seed=arity + tuning.get("merge_warps", 0))
     scores[0, :, 40:60] = 0.5
     args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
     for chunk, group in ((16, 4), (32, 0)):
-        assert torch.equal(lk.select_pages(*args, chunk=chunk, group=group, search_arity=arity).cpu(),
-                           lk.select_pages(*args, chunk=chunk, group=group).cpu())
-
-
-@pytest.mark.parametrize("warps", [1, 2])
-def test_merge_in_fewer_warps_selects_the_same_pages(warps):
-    """The group pass and the merge in one or two warps (reductions without barriers) select the same pages."""
-    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)
-    seq_lens = torch.tensor([16 * 150 - 5, 16 * 37, 16 * 9], dtype=torch.int32)
-    scores = _random_scores(3, 8, 150, seq_lens, seed=warps)
-    scores[0, :, 40:60] = 0.5
-    args = (scores.to(DEVICE), seq_lens.to(DEVICE), 2, cfg)
-    for chunk, group in ((16, 4), (32, 0)):
-        assert torch.equal(lk.select_pages(*args, chunk=chunk, group=group, merge_warps=warps).cpu(),
+        assert torch.equal(lk.select_pages(*args, chunk=chunk, group=group, **tuning).cpu(),
                            lk.select_pages(*args, chunk=chunk, group=group).cpu())
 
 
