@@ -1,6 +1,6 @@
 """Stage 3 in Triton: group-shared top-K page selection under the budget (paper Section 3.3).
 
-Three launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages:
+Two to four launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages:
 
 1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)`` (skipped when
    the persistent score kernel wrote such partials per program: ``select_pages(lse_partials=...)``).
