@@ -42,6 +42,7 @@ last. Exit status 1 when an engine fails or a check fails (LOCKS reads every pag
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -154,6 +155,8 @@ def run_engine(args: argparse.Namespace) -> dict:
         "kernels": args.kernels if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_engine.vllm_backend.scheduler)
         "prefix_walk": not args.no_prefix_walk,
+        # which GPU ran it (a hash of its UUID): summaries fit depths and pair rows within one machine
+        "machine": machine_tag(torch),
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
         "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
     }
@@ -489,6 +492,16 @@ def prefix_walk_kwargs(cut: bool) -> dict:
     return {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
 
 
+def machine_tag(torch) -> str | None:
+    """A short tag of the first visible GPU: the first 10 hex digits of the SHA-256 of its UUID (no serial
+    number in the results); None without CUDA. FlashAttention-3's decode time differs by up to a third between
+    H200s of equal copy bandwidth (kernels/NOTES.md), so per-layer ratios take both backends from one GPU."""
+    if not torch.cuda.is_available():
+        return None
+    uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
+    return hashlib.sha256(uuid.encode()).hexdigest()[:10] if uuid else None
+
+
 def engine_name(shape: str, layers, backend: str, tp: int) -> str:
     depth = f"-L{layers}" if layers else ""
     return f"{shape}{depth}-{backend}" + (f"-tp{tp}" if tp > 1 else "")
@@ -602,24 +615,26 @@ def summarize(args: argparse.Namespace) -> int:
     # one cell per summary format (and score-kernel tuning override) too, fit over depths only with rows of the
     # same kernels; a LOCKS cell pairs with the FLASH_ATTN cell of its own result folder (one run: the same
     # machine and day) where there is one, else with the last FLASH_ATTN cell of that shape, depth and context
+    # on the same GPU (results that name one) or on any (older results, which name none)
     cells, dense_by_folder, folder_of = {}, {}, {}
     for r, folder in zip(results, folders):
         for c in r["cells"]:
             if "skipped" not in c:
                 fmt = locks_label(r)
                 walk = r.get("prefix_walk", True)
-                key = (r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk, fmt)
+                key = (r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk,
+                       r.get("machine") or "", fmt)
                 cells[key] = (r, c)
                 folder_of[key] = folder
                 if r["backend"] == "flash":
                     dense_by_folder[(folder, *key)] = (r, c)
     rows = []
-    for (shape, layers, tp, ctx, batch, backend, walk, label), (r, c) in sorted(cells.items(), key=by_format_last):
+    for key, (r, c) in sorted(cells.items(), key=by_format_last):
+        shape, layers, tp, ctx, batch, backend, walk, machine, label = key
         if backend != "locks":
             continue
-        dense_key = (shape, layers, tp, ctx, batch, "flash", walk, None)
-        dense = dense_by_folder.get((folder_of[(shape, layers, tp, ctx, batch, backend, walk, label)], *dense_key),
-                                    cells.get(dense_key))
+        dense_key = (shape, layers, tp, ctx, batch, "flash", walk, machine, None)
+        dense = dense_by_folder.get((folder_of[key], *dense_key), cells.get(dense_key))
         dc = dense[1] if dense else {}
         row = {
             "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],
@@ -634,6 +649,8 @@ def summarize(args: argparse.Namespace) -> int:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
+        if machine:
+            row["machine"] = machine
         row.update(label_fields(label))
         row.update({
             "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
@@ -659,24 +676,24 @@ def summarize(args: argparse.Namespace) -> int:
 
 
 def depth_fits(cells: dict) -> list[dict]:
-    """Per (shape, tp, context, batch): least-squares TPOT = fixed + slope x layers for each backend over the
-    measured depths (two or more), and the TPOT at the shape's full depth from the fit, labelled extrapolated.
+    """Per (shape, tp, context, batch, GPU): least-squares TPOT = fixed + slope x layers for each backend over the
+    measured depths (two or more; both backends' engines on one GPU where the results name it), and the TPOT at the shape's full depth from the fit, labelled extrapolated.
     ``dense_slope_below_floor`` flags a fit whose dense per-layer time is under the HBM floor of reading that
     layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low. Where both
     backends were profiled (``--profile-steps``) at two or more depths, ``fit["device"]`` fits the GPU kernel
     time per step the same way: the per-layer device cost and the device time at full depth."""
     groups, busy = {}, {}
-    for (shape, layers, tp, ctx, batch, backend, walk, fmt), (r, c) in cells.items():
-        groups.setdefault((shape, tp, ctx, batch, backend, walk, fmt), {})[layers] = c["tpot_ms"]
+    for (shape, layers, tp, ctx, batch, backend, walk, machine, fmt), (r, c) in cells.items():
+        groups.setdefault((shape, tp, ctx, batch, backend, walk, machine, fmt), {})[layers] = c["tpot_ms"]
         ms = profile_busy_ms(r, ctx) if batch == 1 else None
         if ms is not None:
-            busy.setdefault((shape, tp, ctx, batch, backend, walk, fmt), {})[layers] = ms
+            busy.setdefault((shape, tp, ctx, batch, backend, walk, machine, fmt), {})[layers] = ms
     rows = []
-    for (shape, tp, ctx, batch, backend, walk, fmt), by_depth in sorted(groups.items(), key=by_format_last):
+    for (shape, tp, ctx, batch, backend, walk, machine, fmt), by_depth in sorted(groups.items(), key=by_format_last):
         full = SHAPES[shape]["num_hidden_layers"]
         if backend != "locks" or len(by_depth) < 2 or full in by_depth:
             continue
-        dense = groups.get((shape, tp, ctx, batch, "flash", walk, None), {})
+        dense = groups.get((shape, tp, ctx, batch, "flash", walk, machine, None), {})
         if len(dense) < 2:
             continue
         fit_l, fit_d = linear_fit(by_depth), linear_fit(dense)
@@ -699,8 +716,8 @@ def depth_fits(cells: dict) -> list[dict]:
         }
         # the same fit over the profiled GPU kernel time per step: free of host waits, so its slope is the
         # per-layer device cost even where a shallow depth's TPOT sits on the host floor
-        busy_l, busy_d = busy.get((shape, tp, ctx, batch, backend, walk, fmt), {}), busy.get(
-            (shape, tp, ctx, batch, "flash", walk, None), {})
+        busy_l, busy_d = busy.get((shape, tp, ctx, batch, backend, walk, machine, fmt), {}), busy.get(
+            (shape, tp, ctx, batch, "flash", walk, machine, None), {})
         if len(busy_l) >= 2 and len(busy_d) >= 2:
             dev_l, dev_d = linear_fit(busy_l), linear_fit(busy_d)
             row["fit"]["device"] = {
@@ -714,6 +731,8 @@ def depth_fits(cells: dict) -> list[dict]:
             row["tp"] = tp
         if not walk:
             row["prefix_walk"] = False
+        if machine:
+            row["machine"] = machine
         row.update(label_fields(fmt))
         rows.append(row)
     return rows

@@ -226,6 +226,29 @@ def test_summarize_pairs_a_locks_row_with_the_dense_cell_of_its_own_run(bench, t
     assert rows["xyz"]["dense_tpot_ms"] == 8.8
 
 
+def test_summarize_fits_and_pairs_within_one_gpu(bench, tmp_path) -> None:
+    """Results that name their GPU (``machine``) fit depths and pair rows with engines of that GPU only: dense
+    engines of another GPU at the same depths stay out of the fit, and a LOCKS depth without a dense engine on
+    its GPU gets no dense TPOT."""
+    glm = lambda layers, backend, tpot, gpu: {  # noqa: E731
+        **result("glm4-9b-1m", layers, backend, [cell(1 << 20, tpot)]), "machine": gpu, "kernels": "abc"}
+    runs = [glm(6, "flash", 3.6, "a"), glm(12, "flash", 6.9, "a"), glm(6, "locks", 2.4, "a"),
+            glm(12, "locks", 3.8, "a"), glm(6, "flash", 3.0, "b"), glm(12, "flash", 5.7, "b"),
+            glm(18, "locks", 5.0, "a")]
+    for i, r in enumerate(runs):
+        (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    assert bench.summarize(bench.argparse.Namespace(summarize=[str(tmp_path)], json=str(out), meta="")) == 0
+    rows = json.loads(out.read_text())["rows"]
+    (fit,) = [r for r in rows if r["extrapolated"]]
+    assert fit["machine"] == "a" and fit["fit"]["depths_dense"] == [6, 12]
+    assert fit["fit"]["dense_per_layer_ms"] == pytest.approx(0.55)
+    assert fit["fit"]["locks_per_layer_ms"] == pytest.approx((5.0 - 2.4) / 12, rel=0.05)
+    measured = {r["layers"]: r for r in rows if not r["extrapolated"]}
+    assert (measured[6]["dense_tpot_ms"], measured[12]["dense_tpot_ms"]) == (3.6, 6.9)
+    assert measured[18]["dense_tpot_ms"] is None and measured[18]["machine"] == "a"
+
+
 def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
     """The flags go on to every engine child; without them the engines get the defaults."""
     assert bench.prefix_walk_kwargs(False) == {}
@@ -260,7 +283,7 @@ def test_plot_panels_keep_runs_without_the_prefix_walk_apart(bench) -> None:
 def test_depth_fit_flags_a_host_bound_depth(bench) -> None:
     """Llama shapes at 1M read 4.3 GB of K+V a layer (0.89 ms at the HBM peak): a dense slope of 0.61 ms a
     layer (as measured over 2 and 6 layers, the 2-layer step waiting on the host) cannot be the GPU's."""
-    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend, True,
+    c = lambda layers, backend, tpot: (("llama3.1-8b", layers, 1, 1 << 20, 1, backend, True, "",
                                          "chanlog" if backend == "locks" else None), (None, {"tpot_ms": tpot}))
     cells = dict([c(2, "flash", 4.8), c(6, "flash", 7.24), c(2, "locks", 4.63), c(6, "locks", 8.09)])
     (row,) = bench.depth_fits(cells)
@@ -276,7 +299,7 @@ def test_depth_fit_over_profiled_device_time(bench) -> None:
     the host (TPOT 5.8 ms, kernels 2.5 ms) flattens the TPOT slope, not the device one."""
     def c(layers, backend, tpot, busy, ctx=1 << 20):
         result = {"profile": {"context": ctx, "decode_tokens": 64, "ranks": [{"kernel_us_total": busy * 64e3}]}}
-        return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, True, "colwise8" if backend == "locks" else None),
+        return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, True, "", "colwise8" if backend == "locks" else None),
                 (result, {"tpot_ms": tpot}))
     cells = dict([c(4, "flash", 5.8, 2.5), c(24, "flash", 10.4, 11.3), c(4, "locks", 5.8, 2.1),
                   c(24, "locks", 9.0, 8.7)])
