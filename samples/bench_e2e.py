@@ -666,11 +666,14 @@ def summarize(args: argparse.Namespace) -> int:
     meta = json.loads(args.meta) if args.meta else {}
     summary = {"gpu": meta.pop("gpu", None), "date": meta.pop("date", None), "vllm": meta.pop("vllm", None),
                "command": meta.pop("command", None), **meta, "rows": rows}
+    one_gpu = one_gpu_device_fits(cells)
+    if one_gpu:
+        summary["one_gpu_device_fits"] = one_gpu
     Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
     full = Path(args.json).with_name(Path(args.json).stem + "_full.json")
     full.write_text(json.dumps(results, indent=1) + "\n")
     plot(rows, Path(args.json).with_suffix(".png"))
-    for row in rows:
+    for row in rows + one_gpu:
         print(json.dumps(row))
     return 0
 
@@ -736,6 +739,46 @@ def depth_fits(cells: dict) -> list[dict]:
         row.update(label_fields(fmt))
         rows.append(row)
     return rows
+
+
+def one_gpu_device_fits(cells: dict) -> list[dict]:
+    """Per-layer device cost of both backends on one GPU when FLASH_ATTN was profiled at one depth only.
+
+    For each GPU-named group (results with ``machine``) where LOCKS was profiled (``--profile-steps``, batch 1) at
+    two or more depths and FLASH_ATTN at one or more of them: LOCKS' per-layer device time is the least-squares
+    slope of its GPU kernel time per step over depth; FLASH_ATTN's is that slope plus the two engines' kernel-time
+    difference per layer at the shared depths (mean over them). That assumes equal per-step fixed device time in
+    both engines (the same model, LM head and sampler: the per-step kernels differ by ~10 us in the profiles).
+    ``host_bound`` lists the depths whose TPOT is over 1.05x the profiled kernel time per step (the step waits on
+    the host, so a TPOT fit through them is flattened). Returns one dict per group (times in ms)."""
+    tpot, busy = {}, {}
+    for (shape, layers, tp, ctx, batch, backend, walk, machine, fmt), (r, c) in cells.items():
+        ms = profile_busy_ms(r, ctx) if batch == 1 and machine else None
+        if ms is not None:
+            busy.setdefault((shape, tp, ctx, walk, machine, fmt), {})[layers] = ms
+            tpot.setdefault((shape, tp, ctx, walk, machine, fmt), {})[layers] = c["tpot_ms"]
+    out = []
+    for (shape, tp, ctx, walk, machine, fmt), locks in sorted(busy.items(), key=by_format_last):
+        dense_key = (shape, tp, ctx, walk, machine, None)
+        dense = busy.get(dense_key, {})
+        shared = sorted(set(locks) & set(dense))
+        if fmt is None or len(locks) < 2 or not shared:
+            continue
+        fixed, slope = linear_fit(locks)
+        dense_slope = slope + statistics.mean((dense[d] - locks[d]) / d for d in shared)
+        full = SHAPES[shape]["num_hidden_layers"]
+        pairs = {"locks": (shape, tp, ctx, walk, machine, fmt), "flash": dense_key}
+        host_bound = {b: sorted(d for d, t in tpot[k].items() if t > 1.05 * busy[k][d]) for b, k in pairs.items()}
+        out.append({
+            "shape": shape, "context": ctx, "tp": tp, "prefix_walk": walk, "machine": machine,
+            **label_fields(fmt), "depths_locks": sorted(locks), "depths_dense": sorted(dense),
+            "locks_fixed_ms": round(fixed, 3), "locks_per_layer_ms": round(slope, 4),
+            "dense_per_layer_ms": round(dense_slope, 4), "per_layer_ratio": round(dense_slope / slope, 2),
+            "locks_ms_at_full_depth": round(fixed + slope * full, 3),
+            "dense_ms_at_full_depth": round(fixed + dense_slope * full, 3),
+            "tpot_ms": {b: tpot[k] for b, k in pairs.items()},
+            "kernel_ms_per_step": {"locks": locks, "flash": dense}, "host_bound": host_bound})
+    return out
 
 
 def profile_busy_ms(result: dict | None, ctx: int) -> float | None:

@@ -317,6 +317,28 @@ def test_depth_fit_over_profiled_device_time(bench) -> None:
     assert "device" not in row["fit"]
 
 
+def test_one_gpu_device_fit_from_one_dense_depth(bench) -> None:
+    """LOCKS profiled at 6 and 12 layers and FLASH_ATTN at 6 on one GPU: dense's per-layer device time is LOCKS'
+    slope plus the engines' kernel-time difference per layer at 6; a LOCKS step whose TPOT is over its kernel
+    time is listed as host-bound. Results that name no GPU, or a dense engine of another GPU, give no fit."""
+    def c(layers, backend, tpot, busy, machine="a"):
+        result = {"profile": {"context": 1 << 20, "decode_tokens": 64, "ranks": [{"kernel_us_total": busy * 64e3}]}}
+        return (("glm4-9b-1m", layers, 1, 1 << 20, 1, backend, False, machine,
+                 "colwise8 kernels abc" if backend == "locks" else None), (result, {"tpot_ms": tpot}))
+    cells = dict([c(6, "locks", 2.3, 1.9), c(12, "locks", 3.5, 3.5), c(6, "flash", 2.9, 3.0)])
+    (fit,) = bench.one_gpu_device_fits(cells)
+    assert fit["machine"] == "a" and fit["kernels"] == "abc"
+    assert fit["locks_per_layer_ms"] == pytest.approx(1.6 / 6, rel=1e-3)
+    assert fit["dense_per_layer_ms"] == pytest.approx(1.6 / 6 + 1.1 / 6, rel=1e-3)
+    assert fit["per_layer_ratio"] == pytest.approx(2.7 / 1.6, abs=0.01)
+    assert fit["locks_fixed_ms"] == pytest.approx(0.3, abs=1e-3)
+    assert fit["host_bound"] == {"locks": [6], "flash": []}
+    other = dict([c(6, "locks", 2.3, 1.9), c(12, "locks", 3.5, 3.5), c(6, "flash", 2.9, 3.0, machine="b")])
+    assert bench.one_gpu_device_fits(other) == []
+    unnamed = dict([c(6, "locks", 2.3, 1.9, ""), c(12, "locks", 3.5, 3.5, ""), c(6, "flash", 2.9, 3.0, "")])
+    assert bench.one_gpu_device_fits(unnamed) == []
+
+
 def test_profile_busy_counts_each_kernel_once(bench) -> None:
     """An eager op (``aten::mm``) carries its kernel's device time as well as the kernel's own entry: profiles
     without ``kernel_us_total`` have the top entries with CPU time taken back out of ``device_us_total``."""
