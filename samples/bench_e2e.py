@@ -615,7 +615,7 @@ def summarize(args: argparse.Namespace) -> int:
     # one cell per summary format (and score-kernel tuning override) too, fit over depths only with rows of the
     # same kernels; a LOCKS cell pairs with the FLASH_ATTN cell of its own result folder (one run: the same
     # machine and day) where there is one, else with the last FLASH_ATTN cell of that shape, depth and context
-    # on the same GPU (results that name one) or on any (older results, which name none)
+    # on the same GPU (results that name no GPU, the older ones, pair among themselves)
     cells, dense_by_folder, folder_of = {}, {}, {}
     for r, folder in zip(results, folders):
         for c in r["cells"]:
@@ -680,7 +680,8 @@ def summarize(args: argparse.Namespace) -> int:
 
 def depth_fits(cells: dict) -> list[dict]:
     """Per (shape, tp, context, batch, GPU): least-squares TPOT = fixed + slope x layers for each backend over the
-    measured depths (two or more; both backends' engines on one GPU where the results name it), and the TPOT at the shape's full depth from the fit, labelled extrapolated.
+    measured depths (two or more; both backends' engines on one GPU where the results name it), and the TPOT at
+    the shape's full depth from the fit, labelled extrapolated.
     ``dense_slope_below_floor`` flags a fit whose dense per-layer time is under the HBM floor of reading that
     layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low. Where both
     backends were profiled (``--profile-steps``) at two or more depths, ``fit["device"]`` fits the GPU kernel
@@ -742,7 +743,7 @@ def depth_fits(cells: dict) -> list[dict]:
 
 
 def one_gpu_device_fits(cells: dict) -> list[dict]:
-    """Per-layer device cost of both backends on one GPU when FLASH_ATTN was profiled at one depth only.
+    """Per-layer device cost of both backends on one GPU, also when FLASH_ATTN was profiled at one depth only.
 
     For each GPU-named group (results with ``machine``) where LOCKS was profiled (``--profile-steps``, batch 1) at
     two or more depths and FLASH_ATTN at one or more of them: LOCKS' per-layer device time is the least-squares
