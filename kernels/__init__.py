@@ -1,11 +1,13 @@
-"""LOCKS decode stages in Triton, with the names and signatures of their ``locks_engine.ops`` twins.
+"""LOCKS decode stages in Triton for ``colwise8`` summaries, with the names of their ``locks_engine.ops`` twins.
 
 ``build_page_summaries -> score_pages -> select_pages -> sparse_paged_attention``, plus
 ``build_cache_summaries`` (prefill), ``build_completed_page_summaries`` (the page a decode step completes),
-``decode_step`` (one layer's step, composed) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver). Each
-takes optional ``out`` buffers; all launch fixed grids with no host synchronization, so a whole decode step can
-be captured in one CUDA graph at a fixed budget. Importing this package does not import triton: each function
-loads its module on first use (so CPU-only machines can import it, and tests can skip cleanly).
+``decode_step`` (one layer's step, composed) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver). They take
+tensors and plain integers (summaries as the colwise8 tuple ``(centroid, basis, coeffs, basis_scale,
+coeffs_scale)``) and import nothing from ``locks_engine``. Each takes optional ``out`` buffers; all launch fixed
+grids with no host synchronization, so a whole decode step can be captured in one CUDA graph at a fixed budget.
+Importing this package does not import triton: each function loads its module on first use (so CPU-only machines
+can import it, and tests can skip cleanly).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ _MODULES = {
     "select_pages": "locks_kernels.select",
     "sparse_paged_attention": "locks_kernels.attention",
     "decode_step": "locks_kernels.step",
-    "use_lse_partials": "locks_kernels.score_tuning",
 }
 
 __all__ = sorted(_MODULES)

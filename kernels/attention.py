@@ -12,8 +12,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks_engine.ops.paging import pages_per_block
-
 
 @triton.jit
 def _sparse_attn_split_kernel(
@@ -100,7 +98,9 @@ def _attn_fwd(q, k_cache, v_cache, block_table, seq_lens, selected, page_size, s
     seqs, num_q_heads, dim = q.shape
     heads = k_cache.shape[2]
     slots = selected.shape[-1]
-    ppb = pages_per_block(k_cache, page_size)
+    if k_cache.shape[1] % page_size:
+        raise ValueError(f"page_size={page_size} must divide the KV cache block size {k_cache.shape[1]}")
+    ppb = k_cache.shape[1] // page_size
     assert num_q_heads % heads == 0, f"HQ={num_q_heads} is not a multiple of H={heads}"
     assert k_cache.shape == v_cache.shape and k_cache.dtype == v_cache.dtype, "k_cache and v_cache differ"
     assert dim >= 16 and dim & (dim - 1) == 0 and k_cache.shape[3] == dim, "D must be a power of two >= 16"

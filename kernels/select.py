@@ -2,21 +2,21 @@
 
 Two to four launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages:
 
-1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)`` (skipped when
-   the persistent score kernel wrote such partials per program: ``select_pages(lse_partials=...)``).
+1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)``.
 2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
    group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search
-   (:data:`SEARCH_ARITY`), and the pages at or above it compacted in page order with a prefix sum (ties broken towards lower pages). The group's
-   query heads are loaded as one block (up to :data:`BLOCK_SCORES` scores, then blocks of heads in turn).
+   (:data:`SEARCH_ARITY`), and the pages at or above it compacted in page order with a prefix sum (ties broken
+   towards lower pages). The group's query heads are loaded as one block (up to :data:`BLOCK_SCORES` scores, then
+   blocks of heads in turn).
 3. ``_merge_topk_kernel``: the same over the chunks' candidates; candidates arrive in page order, so the
    output is ascending without a sort. Where the chunks' candidates are many (long contexts),
    ``_group_topk_kernel`` first keeps the top ``K`` of
    each group of :data:`MERGE_GROUP` chunks (one more launch, each group's candidates still in page order):
    the top ``K`` of a union is the top ``K`` of its parts' top ``K``, ties included, so the output is the same.
 
-The plan (:func:`plan`): chunks of :data:`CHUNK` pages, and a group pass when the merge would otherwise search
-more than :data:`MAX_MERGE_KEYS` candidates (timed in ``samples/bench_select.py``).
+The plan (:func:`_plan`): chunks of :data:`CHUNK` pages, and a group pass when the merge would otherwise search
+more than :data:`MAX_MERGE_KEYS` candidates.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks_engine.config import LocksConfig
 
 
 @triton.jit
@@ -46,7 +45,7 @@ def _kth_largest(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
     """Largest ``t >= 1`` with at least ``K`` keys ``>= t`` (1 when fewer than ``K`` keys are ``>= 1``).
 
     ``NT``-ary search: each round counts the keys at ``NT`` thresholds at once (one block reduction) and keeps
-    one ``NT``-th of the range, so ``ROUNDS`` (:func:`search_rounds`) cover the 2^30 + 1 possible keys.
+    one ``NT``-th of the range, so ``ROUNDS`` (:data:`SEARCH_ROUNDS`) cover the 2^30 + 1 possible keys.
     Invariant: ``count(keys >= lo) >= K`` (or ``lo == 1``) and ``count(keys >= hi + 1) < K``."""
     o_t = tl.arange(0, NT)
     lo = tl.zeros([], dtype=tl.int32) + 1
@@ -146,100 +145,77 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
     tl.store(key_out_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
 
 
-#: pages per first-pass program (measured best or within 5% of it for one sequence at 128K-1M, 2 and 8 KV heads,
-#: and for 6 sequences at 128K: ``samples/bench_select.py``, ``kernels/NOTES.md``)
+#: pages per first-pass program: long enough that few chunks reach the merge, short enough that one sequence's
+#: chunks fill the GPU
 CHUNK = 2048
-#: largest candidate count one merge program searches before a group pass is added (8,320 candidates took 211 us
-#: where the group pass and a 1,152-candidate merge took 43 us)
+#: largest candidate count one merge program searches before a group pass is added: one program's search over
+#: many more candidates costs more than the extra launch
 MAX_MERGE_KEYS = 2048
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
-#: the chunk pass loads a group's query heads as one block of up to this many scores (``[GB, C]``, 8 warps): one
-#: memory round trip for the group instead of one a head. ``samples/bench_select.py``, 2026-12-03, one H200, whole
-#: selection: GLM 1M (G = 16) 34.8 us, Llama 1M (G = 4) 39.0 us against 122.4 one head at a time (8 warps) and
-#: 80.7 (4 warps); 16 warps lost everywhere (45.2 at Llama 1M)
+#: the chunk pass loads a group's query heads as one block of up to this many scores (``[GB, C]``): one memory
+#: round trip for the group instead of one a head
 BLOCK_SCORES = 16 * 2048
 #: warps of a chunk-pass program
 CHUNK_WARPS = 8
-
-
-#: thresholds counted per round of the K-th-largest search (a power of two): more thresholds, fewer rounds (11 at 8,
-#: 8 at 16), each with a wider block reduction
+#: thresholds counted per round of the K-th-largest search (a power of two)
 SEARCH_ARITY = 8
+#: rounds of the ``SEARCH_ARITY``-ary search that narrow the 2^30 + 1 possible keys to one (each keeps at most
+#: ``width // SEARCH_ARITY``)
+SEARCH_ROUNDS = 11
 
 
-def search_rounds(arity: int) -> int:
-    """Rounds of an ``arity``-ary search that narrow the 2^30 + 1 possible keys to one (each keeps at most
-    ``width // arity``): 11 for 8, 8 for 16."""
-    width, rounds = 1 << 30, 0
-    while width:
-        width, rounds = width // arity, rounds + 1
-    return rounds
-
-
-def plan(pmax: int, kp: int, chunk: int | None = None, group: int | None = None) -> tuple[int, int]:
+def _plan(pmax: int, kp: int) -> tuple[int, int]:
     """``(chunk, group)`` for scores over ``pmax`` pages and ``kp = next_pow2(K)`` slots: pages per first-pass
     program (:data:`CHUNK`, at most ``next_pow2(pmax)``, at least ``kp``), and chunks per group-pass program
-    (:data:`MERGE_GROUP` when the merge would search more than :data:`MAX_MERGE_KEYS` candidates, else 0).
-    Given values are kept (``chunk`` raised to ``kp``); tuning only."""
-    chunk = max(chunk or min(CHUNK, triton.next_power_of_2(pmax)), kp)
+    (:data:`MERGE_GROUP` when the merge would search more than :data:`MAX_MERGE_KEYS` candidates, else 0)."""
+    chunk = max(min(CHUNK, triton.next_power_of_2(pmax)), kp)
     nchunk = triton.cdiv(pmax, chunk)
-    if group is None:
-        group = MERGE_GROUP if nchunk * kp > MAX_MERGE_KEYS else 0
-    return chunk, (group if group and group < nchunk else 0)
+    group = MERGE_GROUP if nchunk * kp > MAX_MERGE_KEYS else 0
+    return chunk, (group if group < nchunk else 0)
 
 
 def _warps(n: int) -> int:
-    """Warps for a block of ``n`` values: a search over ``n`` keys (the 8 threshold counts take ``8 n / (32
-    warps)`` registers a thread), or a chunk's ``[GP, C]`` scores (``n / (32 warps)`` a thread)."""
+    """Warps for a search over ``n`` keys (the 8 threshold counts take ``8 n / (32 warps)`` registers a thread)."""
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps, lse_partials,
-                search_arity, merge_warps):
+def _every_page(seq_lens: Tensor, page_size: int, out: Tensor) -> Tensor:
+    """``out`` `[S, H, Pmax]` = pages ascending, ``-1`` past each sequence (a budget of every page)."""
+    pages = torch.arange(out.shape[-1], device=out.device)
+    num_pages = (seq_lens.long() + page_size - 1) // page_size
+    return out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
+
+
+def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
-    covers = cfg.dense or cfg.budget_pages >= pmax  # every page fits the budget: no ranking
-    slots = pmax if covers else cfg.budget_pages
+    slots = min(budget_pages, pmax)
     if out is None:
         out = torch.empty(seqs, num_kv_heads, slots, dtype=torch.int64, device=scores.device)
     assert out.shape == (seqs, num_kv_heads, slots) and out.dtype == torch.int64 and out.stride(-1) == 1
-    if covers:
-        pages = torch.arange(pmax, device=scores.device)
-        num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
-        out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
-        return out
+    if budget_pages >= pmax:
+        return _every_page(seq_lens, page_size, out)
     kp = triton.next_power_of_2(slots)
-    arity = search_arity or SEARCH_ARITY
-    assert arity >= 2 and arity & (arity - 1) == 0, "search_arity must be a power of two >= 2"
-    rounds = search_rounds(arity)
-    assert not group or group & (group - 1) == 0, "group must be a power of two"
-    chunk, group = plan(pmax, kp, chunk, group)
+    chunk, group = _plan(pmax, kp)
     nchunk = triton.cdiv(pmax, chunk)
     groups = num_q_heads // num_kv_heads
-    if heads_a_block is None:
-        heads_a_block = min(triton.next_power_of_2(groups), max(1, BLOCK_SCORES // chunk))
-    assert heads_a_block >= 1 and heads_a_block & (heads_a_block - 1) == 0, "heads_a_block must be a power of two"
     dev = scores.device
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
     cand_page = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
-    part = lse_partials
-    if part is None:
-        part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
-        _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
-            scores,
-            part,
-            scores.stride(0),
-            scores.stride(1),
-            num_q_heads,
-            pmax,
-            nchunk,
-            C=chunk,
-            num_warps=4,
-        )
-    assert part.shape[:2] == (seqs, num_q_heads) and part.shape[3] == 2 and part.is_contiguous(), \
-        "lse_partials must be contiguous [S, HQ, N, 2]"
+    part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
+    _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
+        scores,
+        part,
+        scores.stride(0),
+        scores.stride(1),
+        num_q_heads,
+        pmax,
+        nchunk,
+        C=chunk,
+        num_warps=4,
+    )
     _chunk_topk_kernel[(nchunk, num_kv_heads, seqs)](
         scores,
         seq_lens,
@@ -251,27 +227,37 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         num_q_heads,
         pmax,
         nchunk,
-        part.shape[2],
+        nchunk,
         slots,
-        B=cfg.page_size,
+        B=page_size,
         G=groups,
-        GB=heads_a_block,
+        GB=min(triton.next_power_of_2(groups), max(1, BLOCK_SCORES // chunk)),
         C=chunk,
-        NPP=triton.next_power_of_2(part.shape[2]),
+        NPP=triton.next_power_of_2(nchunk),
         KP=kp,
-        SINK=cfg.sink_pages,
-        RECENT=cfg.recent_pages,
-        NT=arity,
-        ROUNDS=rounds,
-        num_warps=chunk_warps or CHUNK_WARPS,
+        SINK=sink_pages,
+        RECENT=recent_pages,
+        NT=SEARCH_ARITY,
+        ROUNDS=SEARCH_ROUNDS,
+        num_warps=CHUNK_WARPS,
     )
     if group:
         ngroup = triton.cdiv(nchunk, group)
         group_key = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
         group_page = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)
         _group_topk_kernel[(ngroup, num_kv_heads, seqs)](
-            cand_key, cand_page, group_key, group_page, nchunk, ngroup, slots,
-            GROUP=group, KP=kp, NT=arity, ROUNDS=rounds, num_warps=merge_warps or _warps(group * kp),
+            cand_key,
+            cand_page,
+            group_key,
+            group_page,
+            nchunk,
+            ngroup,
+            slots,
+            GROUP=group,
+            KP=kp,
+            NT=SEARCH_ARITY,
+            ROUNDS=SEARCH_ROUNDS,
+            num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
     _merge_topk_kernel[(num_kv_heads, seqs)](
@@ -284,9 +270,9 @@ def _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_
         slots,
         KP=kp,
         NP=triton.next_power_of_2(nchunk * kp),
-        NT=arity,
-        ROUNDS=rounds,
-        num_warps=merge_warps or _warps(nchunk * kp),
+        NT=SEARCH_ARITY,
+        ROUNDS=SEARCH_ROUNDS,
+        num_warps=_warps(nchunk * kp),
     )
     return out
 
@@ -295,48 +281,32 @@ def select_pages(
     scores: Tensor,
     seq_lens: Tensor,
     num_kv_heads: int,
-    cfg: LocksConfig,
+    budget_pages: int,
+    page_size: int,
+    sink_pages: int,
+    recent_pages: int,
     out: Tensor | None = None,
-    chunk: int | None = None,
-    group: int | None = None,
-    heads_a_block: int | None = None,
-    chunk_warps: int | None = None,
-    lse_partials: Tensor | None = None,
-    search_arity: int | None = None,
-    merge_warps: int | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
     Mass shares are averaged over the query heads of a KV group (GQA); the forced pages (the first
     ``sink_pages``, the last page and the ``recent_pages`` before it) come first, the rest of the
-    ``K = cfg.budget_pages`` slots go to the largest group shares (ties: lower page first). A sequence with
-    at most ``K`` pages reads all of them. With ``cfg.dense``, or a budget of at least ``Pmax`` pages, every
-    page is read in ``Pmax`` slots (nothing ranked).
+    ``K = budget_pages`` slots go to the largest group shares (ties: lower page first). A sequence with at most
+    ``K`` pages reads all of them. A budget of at least ``Pmax`` pages reads every page in ``Pmax`` slots
+    (nothing ranked).
 
     Args:
         scores (Tensor): fp32 estimated log mass `[S, HQ, Pmax]`, contiguous along pages (``score_pages``).
         seq_lens (Tensor): `[S]` int32 tokens.
         num_kv_heads (int): H.
-        cfg (LocksConfig): budget, page size, sink and recent pages.
-        out (Tensor | None): int64 `[S, H, K]` written in place (fixed address for CUDA graphs).
-        chunk (int | None): pages per program in the first pass (a power of two >= K; tuning only).
-        group (int | None): chunks per program of the group pass, a power of two (0: none; tuning only);
-            None: :func:`plan` decides.
-        heads_a_block (int | None): query heads the chunk pass loads as one block, a power of two (None: the
-            whole group, up to :data:`BLOCK_SCORES` scores a block; tuning only).
-        chunk_warps (int | None): warps of a chunk-pass program (None: :data:`CHUNK_WARPS`; tuning only).
-        lse_partials (Tensor | None): fp32 `[S, HQ, N, 2]` contiguous, ``(m, sum exp(score - m))`` of each query
-            head's scores over ``N`` disjoint sets of pages that cover them all (``score_pages(lse_partials=True)``
-            writes them): the log-sum-exp of each head is combined from them and the first pass over the scores
-            (``_chunk_lse_kernel``) is skipped. None: that pass runs.
-        search_arity (int | None): thresholds per round of the K-th-largest search, a power of two (None:
-            :data:`SEARCH_ARITY`; tuning only, the same pages whatever the arity).
-        merge_warps (int | None): warps of a group-pass and merge program (None: by candidate count, 4 to 16;
-            1 keeps the search's reductions inside one warp, no barriers; tuning only).
+        budget_pages (int): K, pages read per sequence and KV head (>= 1).
+        page_size (int): B, tokens a page.
+        sink_pages (int): first pages always read.
+        recent_pages (int): pages before the last one always read (the last page always is).
+        out (Tensor | None): int64 `[S, H, min(K, Pmax)]` written in place (fixed address for CUDA graphs).
     Returns:
-        Tensor: int64 `[S, H, K]` logical page indices in ascending order, ``-1`` in unused slots.
+        Tensor: int64 `[S, H, min(K, Pmax)]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, cfg, out, chunk, group, heads_a_block, chunk_warps,
-                       lse_partials, search_arity, merge_warps)
+    return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out)

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from locks_engine.config import LocksConfig
-from locks_engine.ops.summaries import PageSummaries
 from locks_kernels.attention import sparse_paged_attention
 from locks_kernels.score import score_pages
-from locks_kernels.score_tuning import use_lse_partials
 from locks_kernels.select import select_pages
 from locks_kernels.summaries import build_completed_page_summaries
 
@@ -20,30 +17,36 @@ def decode_step(
     v_cache: Tensor,
     block_table: Tensor,
     seq_lens: Tensor,
-    store: PageSummaries,
-    cfg: LocksConfig,
+    summaries: tuple[Tensor, ...],
+    page_size: int,
+    budget_pages: int,
+    sink_pages: int,
+    recent_pages: int,
     scale: float | None = None,
     build: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Summarize the page this step's token completed (when ``build``), score every page, select, attend.
+    """Summarize the page this step's token completed (when ``build``), score every page, select, attend
+    (paper Sections 3.1-3.4).
 
     Args:
-        q (Tensor): `[S, HQ, D]`; k_cache, v_cache (Tensor): `[num_blocks, block_size, H, D]` holding this
-            step's keys and values; block_table (Tensor): `[S, max_blocks]` int32; seq_lens (Tensor): `[S]`
-            int32 tokens, this step's included.
-        store (PageSummaries): summaries by physical page id, updated in place.
-        cfg (LocksConfig): page size, rank, budget, sink/recent pages, format, dense switch.
+        q (Tensor): decode queries `[S, HQ, D]`.
+        k_cache, v_cache (Tensor): `[num_blocks, block_size, H, D]` holding this step's keys and values.
+        block_table (Tensor): `[S, max_blocks]` int32 physical block ids.
+        seq_lens (Tensor): `[S]` int32 tokens, this step's included.
+        summaries (tuple): colwise8 tuple by physical page id, updated in place (``build_page_summaries``).
+        page_size (int): B, tokens a page.
+        budget_pages (int): K, pages read per sequence and KV head; at least ``Pmax`` reads every page.
+        sink_pages, recent_pages (int): pages always read at the start and before the last page.
         scale (float | None): softmax scale, default ``D ** -0.5``.
+        build (bool): summarize the page this step completed first.
     Returns:
         tuple: ``out`` `[S, HQ, D]` in ``q.dtype`` and ``lse`` `[S, HQ]` fp32, as ``sparse_paged_attention``.
+    Raises:
+        ValueError: when ``B`` does not divide the block size.
+        AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     if build:
-        build_completed_page_summaries(k_cache, block_table, seq_lens, store, cfg)
-    partials = None
-    if use_lse_partials():
-        scores, partials = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale,
-                                       lse_partials=True)
-    else:
-        scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], scale)
-    selected = select_pages(scores, seq_lens, k_cache.shape[2], cfg, lse_partials=partials)
-    return sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, scale)
+        build_completed_page_summaries(k_cache, block_table, seq_lens, summaries, page_size)
+    scores = score_pages(q, summaries, block_table, seq_lens, page_size, k_cache.shape[1], scale)
+    selected = select_pages(scores, seq_lens, k_cache.shape[2], budget_pages, page_size, sink_pages, recent_pages)
+    return sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, page_size, scale)

@@ -70,6 +70,18 @@ class PageSummaries:
         """The stored tensors by field name (scales that the format lacks are left out)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
 
+    def colwise8(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The tensors as the GPU kernels take them (``locks_kernels``), the same storage, no copy:
+        ``(centroid [P, H, D] fp16, basis [P, H, r, D] int8, coeffs [P, H, B, r] int8, basis_scale [P, H, r, 1]
+        fp16, coeffs_scale [P, H, 1, r] fp16)``.
+
+        Raises:
+            ValueError: when the summaries are in another format (the kernels take ``colwise8`` only).
+        """
+        if self.summary_format != "colwise8":
+            raise ValueError(f"summary_format={self.summary_format!r}: the GPU kernels take 'colwise8' summaries only")
+        return self.centroid, self.basis, self.coeffs, self.basis_scale, self.coeffs_scale
+
     @property
     def num_pages(self) -> int:
         return self.centroid.shape[0]
