@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from locks_engine import LocksConfig
+from locks_engine.ops import PageSummaries, allocate_page_summaries
 from tests.helpers import PagedScenario
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -64,3 +66,25 @@ def real_scenario(layer: int, num_tokens: int, block_size: int = 32, query: int 
     sc = PagedScenario(q.unsqueeze(0), k_cache, v_cache, perm.view(1, -1).int(),
                        torch.tensor([num_tokens], dtype=torch.int32), 16)
     return on_device(sc)
+
+
+def summaries_on_device(store: PageSummaries) -> tuple[torch.Tensor, ...]:
+    """A ``colwise8`` store as the kernels take it: the colwise8 tuple on ``DEVICE``."""
+    return tuple(t.to(DEVICE) for t in store.colwise8())
+
+
+def as_store(summaries: tuple[torch.Tensor, ...]) -> PageSummaries:
+    """The kernels' colwise8 tuple as a ``PageSummaries`` on the CPU (for the ops twins)."""
+    names = ("centroid", "basis", "coeffs", "basis_scale", "coeffs_scale")
+    return PageSummaries("colwise8", **{n: t.cpu() for n, t in zip(names, summaries)})
+
+
+def allocate_summaries(num_pages: int, heads: int, dim: int, rank: int = 8, poison: bool = False):
+    """A colwise8 tuple of ``num_pages`` pages on ``DEVICE``: zeros, or ``poisoned`` (NaN scales and centroids,
+    99 in the int8 tensors) so that unwritten pages show."""
+    store = allocate_page_summaries(num_pages, heads, dim, LocksConfig(rank=rank), DEVICE)
+    tensors = store.colwise8()
+    if poison:
+        for tensor in tensors:
+            tensor.copy_(poisoned(tensor.shape, tensor.dtype))
+    return tensors
