@@ -13,17 +13,25 @@ Each timing is a CUDA-graph replay between CUDA events, L2 flushed before each r
 Floors: bytes / copy bandwidth. LOCKS bytes = summaries of complete pages + K and V of the selected pages +
 queries and outputs; dense bytes = all K and V + queries and outputs.
 
+With ``--baseline-module NAME`` it also times the decode step (score + select + attend, same inputs) with the
+kernels of module ``NAME`` (an earlier copy of this package under another import name, with the earlier API:
+``score_pages(q, store, ...)`` on a ``PageSummaries``, ``select_pages(scores, seq_lens, num_kv_heads, cfg)``,
+``decode_step(q, k_cache, v_cache, block_table, seq_lens, store, cfg)``), the two steps' replays in turn, at
+GLM-4-9B-1M shapes at 1M tokens and Llama-3.1-8B shapes at 128K, batch 1 (``baseline.json``).
+
 Run (writes ``kernels.json``, ``kernels_full.json`` and ``kernels.png`` under ``--out``)::
 
     python samples/bench_kernels.py --out samples/results
+    python samples/bench_kernels.py --out OUT --baseline-module locks_kernels_old --baseline-only
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
-import statistics
+import os
 import time
 from pathlib import Path
 
@@ -32,90 +40,23 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import locks_kernels as lk
+from locks_bench.gpu_timing import BLOCK, Setup, Timer, copy_bandwidth
 from locks_engine import LocksConfig
-from locks_engine.ops import allocate_page_summaries, summary_bytes
+from locks_engine.ops import summary_bytes
 
 SHAPES = {"llama-3.1-8b": (8, 32, 128), "glm-4-9b": (2, 32, 128)}  # KV heads, query heads, head dim
 CONTEXTS = (32 * 1024, 128 * 1024, 256 * 1024, 1024 * 1024)
 BATCHES = (1, 8, 32)
-BLOCK = 64
-# the memory-efficient backend ran 30x slower than flash at 1M tokens (first run): left out
+#: the memory-efficient backend is left out: far slower than flash at long contexts
 DENSE = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
-
-
-class Timer:
-    """CUDA-graph replays timed with events; an L2-sized buffer is overwritten before each replay."""
-
-    def __init__(self, reps: int):
-        self.reps = reps
-        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-    def __call__(self, fn, graph: bool = True) -> tuple[float, str]:
-        fn()  # compile / warm up outside the graph
-        torch.cuda.synchronize()
-        try:
-            assert graph, "eager timing asked for"
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            run, how = graph.replay, "graph"
-        except Exception:  # a library call that will not capture: time it eagerly
-            torch.cuda.synchronize()
-            run, how = fn, "eager"
-        times, reps, i = [], self.reps, 0
-        while len(times) < reps:
-            self.flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            if i == 0 and start.elapsed_time(end) > 2.0:
-                reps = max(5, self.reps // 3)  # slow kernels: fewer replays
-            if i >= 3:
-                times.append(start.elapsed_time(end))
-            i += 1
-        return statistics.median(times), how
-
-
-def copy_bandwidth(timer: Timer) -> float:
-    """Device-to-device copy, bytes read + written per second (eager: a graph's memcpy node runs slower)."""
-    src = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms, _ = timer(lambda: dst.copy_(src), graph=False)
-    return 2 * (4 << 30) / (ms * 1e-3)
-
-
-class Setup:
-    """A batch of equal-length sequences: packed K|V cache (vLLM layout), permuted block table, summaries."""
-
-    def __init__(self, heads, q_heads, dim, batch, max_ctx, cfg):
-        self.heads, self.q_heads, self.dim, self.batch, self.cfg = heads, q_heads, dim, batch, cfg
-        blocks = max_ctx // BLOCK
-        self.kv = torch.empty(batch * blocks, BLOCK, heads, 2 * dim, dtype=torch.bfloat16, device="cuda").normal_()
-        self.k, self.v = self.kv[..., :dim], self.kv[..., dim:]
-        perm = torch.randperm(batch * blocks, device="cuda").int()
-        self.table = perm.view(batch, blocks)
-        self.q = torch.randn(batch, q_heads, dim, dtype=torch.bfloat16, device="cuda")
-        self.store = allocate_page_summaries(batch * blocks * BLOCK // cfg.page_size, heads, dim, cfg, "cuda")
-        full = torch.full((batch,), max_ctx, dtype=torch.int32, device="cuda")
-        t0 = time.perf_counter()
-        lk.build_cache_summaries(self.k, self.table, full, cfg, self.store)
-        torch.cuda.synchronize()
-        self.build_all_s = time.perf_counter() - t0
-
-    def dense_views(self, ctx):
-        """K and V of every sequence as `[S, H, ctx, D]` strided views of the cache (sequence s = blocks of row s
-        in memory order), and q as `[S, H, G, D]`."""
-        kv = self.kv.view(self.batch, -1, self.heads, 2 * self.dim)[:, :ctx]
-        k, v = kv[..., : self.dim].transpose(1, 2), kv[..., self.dim:].transpose(1, 2)
-        return self.q.view(self.batch, self.heads, -1, self.dim), k, v
+#: old-vs-new decode step: (name, shape in SHAPES, context tokens), batch 1
+BASELINE = (("glm-4-9b 1M", "glm-4-9b", 1 << 20), ("llama-3.1-8b 128K", "llama-3.1-8b", 1 << 17))
 
 
 def bench_row(s: Setup, ctx: int, timer: Timer, bw: float) -> dict:
     cfg, b, h, hq, d = s.cfg, s.batch, s.heads, s.q_heads, s.dim
-    table = s.table[:, : ctx // BLOCK].contiguous()
-    lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+    table, lens = s.views(ctx)
+    summ_t = s.summaries
     pages = ctx // cfg.page_size
     row = {"context": ctx, "batch": b, "kv_heads": h, "q_heads": hq, "head_dim": d, "budget": cfg.budget,
            "rank": cfg.rank, "summary_format": cfg.summary_format, "dense": {}, "locks": {}}
@@ -130,13 +71,16 @@ def bench_row(s: Setup, ctx: int, timer: Timer, bw: float) -> dict:
     every = torch.arange(pages, device="cuda").expand(b, h, pages).contiguous()
     row["dense"]["triton-paged"] = timer(lambda: lk.sparse_paged_attention(s.q, s.k, s.v, table, lens, every, 16))
     # LOCKS stages
-    scores = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK)
-    selected = lk.select_pages(scores, lens, h, cfg)
-    row["locks"]["score"] = timer(lambda: lk.score_pages(s.q, s.store, table, lens, 16, BLOCK, out=scores))
-    row["locks"]["select"] = timer(lambda: lk.select_pages(scores, lens, h, cfg, out=selected))
-    row["locks"]["attention"] = timer(lambda: lk.sparse_paged_attention(s.q, s.k, s.v, table, lens, selected, 16))
-    row["locks"]["step"] = timer(lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.store, cfg, build=False))
-    row["locks"]["build_completed"] = timer(lambda: lk.build_completed_page_summaries(s.k, table, lens, s.store, cfg))
+    budget = (cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages)
+    scores = lk.score_pages(s.q, summ_t, table, lens, cfg.page_size, BLOCK)
+    selected = lk.select_pages(scores, lens, h, *budget)
+    row["locks"]["score"] = timer(lambda: lk.score_pages(s.q, summ_t, table, lens, cfg.page_size, BLOCK, out=scores))
+    row["locks"]["select"] = timer(lambda: lk.select_pages(scores, lens, h, *budget, out=selected))
+    row["locks"]["attention"] = timer(lambda: lk.sparse_paged_attention(s.q, s.k, s.v, table, lens, selected,
+                                                                        cfg.page_size))
+    row["locks"]["step"] = timer(lambda: lk.decode_step(s.q, s.k, s.v, table, lens, summ_t, *budget, build=False))
+    row["locks"]["build_completed"] = timer(lambda: lk.build_completed_page_summaries(s.k, table, lens, summ_t,
+                                                                                      cfg.page_size))
     # bytes and floors
     summ, kv_page = summary_bytes(cfg.page_size, cfg.rank, d, cfg.summary_format)
     qo = 2 * b * hq * d * 2
@@ -150,31 +94,6 @@ def bench_row(s: Setup, ctx: int, timer: Timer, bw: float) -> dict:
     row["locks_ms"] = row["locks"]["step"][0]
     row["locks_floor_ms"] = row["locks_bytes"] / bw * 1e3
     return row
-
-
-def sweep(s: Setup, ctx: int, timer: Timer) -> dict:
-    """Tuning knobs of each kernel at one size (for the notes): ``{knob setting: ms}``."""
-    table = s.table[:, : ctx // BLOCK].contiguous()
-    lens = torch.full((s.batch,), ctx, dtype=torch.int32, device="cuda")
-    scores = lk.score_pages(s.q, s.store, table, lens, 16, BLOCK)
-    selected = lk.select_pages(scores, lens, s.heads, s.cfg)
-    out = {}
-    for tp, nw in ((16, 4), (32, 4), (32, 8), (64, 8)):
-        out[f"score tile_pages={tp} num_warps={nw}"] = timer(lambda: lk.score_pages(
-            s.q, s.store, table, lens, 16, BLOCK, out=scores, tile_pages=tp, num_warps=nw))[0]
-    if s.cfg.summary_format == "chanlog":
-        for path, tp in (("int8", 8), ("int8", 16), ("fp16", 16), ("fp16", 32)):
-            out[f"score chanlog_path={path} tile_pages={tp}"] = timer(lambda: lk.score_pages(
-                s.q, s.store, table, lens, 16, BLOCK, out=scores, tile_pages=tp, chanlog_path=path))[0]
-    for nw in (2, 8):
-        out[f"build_completed num_warps={nw}"] = timer(lambda: lk.build_completed_page_summaries(
-            s.k, table, lens, s.store, s.cfg, num_warps=nw))[0]
-    for chunk in (2048, 4096):
-        out[f"select chunk={chunk}"] = timer(lambda: lk.select_pages(scores, lens, s.heads, s.cfg, chunk=chunk))[0]
-    for tp, pps in ((2, None), (4, None)):
-        out[f"attention tile_pages={tp} pages_per_split={pps}"] = timer(lambda: lk.sparse_paged_attention(
-            s.q, s.k, s.v, table, lens, selected, 16, tile_pages=tp, pages_per_split=pps))[0]
-    return out
 
 
 def plan(max_gb: float, cfg: LocksConfig):
@@ -216,6 +135,36 @@ def plot(rows, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
+    """Old vs new decode step (``build=False``) at :data:`BASELINE`'s shapes, batch 1, on the same cache,
+    summaries and queries; their replays interleaved. Returns one row per shape: ms of each and ``new / old``."""
+    # the old kernels read tuning switches from LOCKS_* variables: time both at their defaults
+    for name in [n for n in os.environ if n.startswith("LOCKS_")]:
+        del os.environ[name]
+    old = importlib.import_module(module)
+    budget = (cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages)
+    rows = []
+    for label, shape, ctx in BASELINE:
+        h, hq, d = SHAPES[shape]
+        s = Setup(h, hq, d, 1, ctx, cfg)
+        table, lens = s.views(ctx)
+        steps = {
+            "old": lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.store, cfg, build=False),
+            "new": lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, *budget, build=False),
+        }
+        (out_old, lse_old), (out_new, lse_new) = steps["old"](), steps["new"]()
+        same = torch.equal(out_old, out_new) and torch.equal(lse_old, lse_new)
+        ms = timer.interleaved(steps)
+        rows.append({"shape": label, "context": ctx, "kv_heads": h, "q_heads": hq, "head_dim": d, "batch": 1,
+                     "budget": cfg.budget, "old_ms": ms["old"], "new_ms": ms["new"],
+                     "new_over_old": ms["new"] / ms["old"], "same_output": same})
+        print(f"{label:20s} old {ms['old'] * 1e3:8.1f} us | new {ms['new'] * 1e3:8.1f} us | new / old "
+              f"{ms['new'] / ms['old']:.3f} | outputs {'equal' if same else 'DIFFER'}", flush=True)
+        del s, steps
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("samples/results"))
@@ -223,17 +172,25 @@ def main() -> None:
     ap.add_argument("--max-gb", type=float, default=100.0)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--summary-format", default=LocksConfig().summary_format, help="summaries to time")
     ap.add_argument("--time-limit", type=float, default=420.0, help="seconds; later setups are skipped")
-    ap.add_argument("--sweep", action="store_true", help="also time each kernel's tuning knobs at batch 1, 1M")
+    ap.add_argument("--baseline-module", help="also time the decode step with the kernels of this module (the "
+                    "earlier API) against this package's, interleaved; writes baseline.json")
+    ap.add_argument("--baseline-only", action="store_true", help="with --baseline-module: only that comparison")
     args = ap.parse_args()
     changed = {k: v for k, v in vars(args).items() if k != "out" and v != ap.get_default(k)}
     command = "python samples/bench_kernels.py" + "".join(
         f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in changed.items())
-    cfg = LocksConfig(budget=args.budget, rank=args.rank, summary_format=args.summary_format)
+    cfg = LocksConfig(budget=args.budget, rank=args.rank)
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     timer = Timer(args.reps)
+    if args.baseline_module:
+        rows = baseline(args.baseline_module, timer, cfg)
+        (args.out / "baseline.json").write_text(json.dumps(
+            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
+             "baseline_module": args.baseline_module, "rows": rows}, indent=1))
+        if args.baseline_only:
+            return
     start = time.perf_counter()
     bw = copy_bandwidth(timer)
     print(f"{gpu}: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)", flush=True)
@@ -245,8 +202,6 @@ def main() -> None:
             continue
         s = Setup(h, hq, d, b, max(contexts), cfg)
         log["setups"].append({"shape": name, "batch": b, "build_all_pages_s": s.build_all_s})
-        if args.sweep and b == 1:
-            log[f"sweep {name} b1 {max(contexts) // 1024}K"] = sweep(s, max(contexts), timer)
         for ctx in contexts:
             try:
                 row = bench_row(s, ctx, timer, bw)

@@ -2,7 +2,6 @@
 eager runs, also after the inputs change in place; the step equals the ops pipeline, and dense attention when
 the budget covers every page."""
 
-import pytest
 import torch
 
 import locks_kernels as lk
@@ -10,7 +9,7 @@ from locks_engine import LocksConfig
 from locks_engine.ops import dense_paged_attention, score_pages, select_pages, sparse_paged_attention
 from locks_engine.ops.select import group_mass_shares
 from tests.helpers import assert_close, make_scenario
-from tests.kernels_support import on_device, requires_cuda_graphs
+from tests.kernels_support import allocate_summaries, as_store, on_device, requires_cuda_graphs
 
 pytestmark = requires_cuda_graphs
 
@@ -31,19 +30,26 @@ def _capture(step):
     return graph, outputs
 
 
-FORMATS = ["chanlog", "colwise", "colwise8"]
+def _summaries(sc, seq_lens):
+    pages = sc.k_cache.shape[0] * sc.block_size // sc.page_size
+    summaries = allocate_summaries(pages, sc.k_cache.shape[2], sc.k_cache.shape[3])
+    lk.build_cache_summaries(sc.k_cache, sc.block_table, seq_lens, summaries, sc.page_size)
+    return summaries
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_decode_step_replays_equal_eager(fmt):
+def _step(sc, summaries, cfg, build=True):
+    return lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, summaries, cfg.page_size,
+                          cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, build=build)
+
+
+def test_decode_step_replays_equal_eager():
     sc = _scenario()
-    cfg = LocksConfig(budget=256, summary_format=fmt)
+    cfg = LocksConfig(budget=256)
     lengths = sc.seq_lens.clone()
-    prefill = sc.seq_lens - 1  # the step's token completes a page in sequences 0 and 2
-    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, prefill, cfg)
+    summaries = _summaries(sc, sc.seq_lens - 1)  # the step's token completes a page in sequences 0 and 2
 
     def step():
-        return lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg)
+        return _step(sc, summaries, cfg)
 
     graph, (out, lse) = _capture(step)
     for trial in range(3):
@@ -54,19 +60,17 @@ def test_decode_step_replays_equal_eager(fmt):
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"trial {trial}: replay != eager"
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_decode_step_matches_ops_pipeline(fmt):
+def test_decode_step_matches_ops_pipeline():
     sc = _scenario(groups=7, seed=1)
-    cfg = LocksConfig(budget=256, summary_format=fmt)
-    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
-    out, lse = lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg, build=False)
-    cpu = {k: v.cpu() for k, v in store.tensors().items()}
-    ref_store = type(store)(store.summary_format, **cpu)
+    cfg = LocksConfig(budget=256)
+    summaries = _summaries(sc, sc.seq_lens)
+    out, lse = _step(sc, summaries, cfg, build=False)
     q, bt, lens = sc.q.float().cpu(), sc.block_table.cpu(), sc.seq_lens.cpu()
-    scores = score_pages(q, ref_store, bt, lens, 16, sc.block_size)
+    scores = score_pages(q, as_store(summaries), bt, lens, 16, sc.block_size)
     selected = select_pages(scores, lens, 2, cfg)
-    kernel_selected = lk.select_pages(lk.score_pages(sc.q, store, sc.block_table, sc.seq_lens, 16, sc.block_size),
-                                      sc.seq_lens, 2, cfg)
+    kernel_scores = lk.score_pages(sc.q, summaries, sc.block_table, sc.seq_lens, 16, sc.block_size)
+    kernel_selected = lk.select_pages(kernel_scores, sc.seq_lens, 2, cfg.budget_pages, 16, cfg.sink_pages,
+                                      cfg.recent_pages)
     shares = group_mass_shares(scores, 2)
     kernel_selected = kernel_selected.cpu()
     assert torch.equal(kernel_selected >= 0, selected >= 0)
@@ -85,9 +89,8 @@ def test_decode_step_matches_ops_pipeline(fmt):
 def test_budget_covering_every_page_is_dense_attention():
     sc = _scenario(seed=2)
     cfg = LocksConfig(budget=16 * 256)
-    store = lk.build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
-    graph, (out, lse) = _capture(
-        lambda: lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, store, cfg, build=False))
+    summaries = _summaries(sc, sc.seq_lens)
+    graph, (out, lse) = _capture(lambda: _step(sc, summaries, cfg, build=False))
     graph.replay()
     ref_out, ref_lse = dense_paged_attention(sc.q.float().cpu(), sc.k_cache.float().cpu(), sc.v_cache.float().cpu(),
                                              sc.block_table.cpu(), sc.seq_lens.cpu())
