@@ -71,14 +71,15 @@ def bench_row(s: Setup, ctx: int, timer: Timer, bw: float) -> dict:
     every = torch.arange(pages, device="cuda").expand(b, h, pages).contiguous()
     row["dense"]["triton-paged"] = timer(lambda: lk.sparse_paged_attention(s.q, s.k, s.v, table, lens, every, 16))
     # LOCKS stages
-    budget = (cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages)
+    budget = dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
+                  recent_pages=cfg.recent_pages)
     scores = lk.score_pages(s.q, summ_t, table, lens, cfg.page_size, BLOCK)
-    selected = lk.select_pages(scores, lens, h, *budget)
+    selected = lk.select_pages(scores, lens, h, **budget)
     row["locks"]["score"] = timer(lambda: lk.score_pages(s.q, summ_t, table, lens, cfg.page_size, BLOCK, out=scores))
-    row["locks"]["select"] = timer(lambda: lk.select_pages(scores, lens, h, *budget, out=selected))
+    row["locks"]["select"] = timer(lambda: lk.select_pages(scores, lens, h, **budget, out=selected))
     row["locks"]["attention"] = timer(lambda: lk.sparse_paged_attention(s.q, s.k, s.v, table, lens, selected,
                                                                         cfg.page_size))
-    row["locks"]["step"] = timer(lambda: lk.decode_step(s.q, s.k, s.v, table, lens, summ_t, *budget, build=False))
+    row["locks"]["step"] = timer(lambda: lk.decode_step(s.q, s.k, s.v, table, lens, summ_t, **budget, build=False))
     row["locks"]["build_completed"] = timer(lambda: lk.build_completed_page_summaries(s.k, table, lens, summ_t,
                                                                                       cfg.page_size))
     # bytes and floors
@@ -142,7 +143,8 @@ def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
     for name in [n for n in os.environ if n.startswith("LOCKS_")]:
         del os.environ[name]
     old = importlib.import_module(module)
-    budget = (cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages)
+    budget = dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
+                  recent_pages=cfg.recent_pages)
     rows = []
     for label, shape, ctx in BASELINE:
         h, hq, d = SHAPES[shape]
@@ -150,7 +152,7 @@ def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
         table, lens = s.views(ctx)
         steps = {
             "old": lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.store, cfg, build=False),
-            "new": lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, *budget, build=False),
+            "new": lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False),
         }
         (out_old, lse_old), (out_new, lse_new) = steps["old"](), steps["new"]()
         same = torch.equal(out_old, out_new) and torch.equal(lse_old, lse_new)
