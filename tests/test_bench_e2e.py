@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from locks_engine import LocksConfig
-from locks_engine.vllm_backend.counters import DeviceCounters
-from locks_engine.vllm_backend.probes import read_probes
+from locks_bench.probes import DeviceCounters
+from locks_bench.probes import read_probes
 from tests.helpers import load_sample_script
 from tests.test_vllm_backend_scenarios import SCENARIOS, H, Run
 
@@ -262,7 +262,7 @@ def test_prefix_walk_flag_reaches_the_engine_arguments(bench) -> None:
 
 def test_prefix_walk_cut_names_the_scheduler(bench) -> None:
     pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
-    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+    from locks_bench.scheduler import SCHEDULER_CLS
 
     assert bench.prefix_walk_kwargs(True) == {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
 
@@ -383,7 +383,7 @@ def test_engine_process_group_is_killed_whole(bench, tmp_path) -> None:
 
 
 def test_worker_profile_lists_what_ran() -> None:
-    from locks_engine.vllm_backend.probes import start_profile, stop_profile
+    from locks_bench.probes import start_profile, stop_profile
 
     assert stop_profile(None) == []  # nothing started
     model = torch.nn.Linear(64, 64)
@@ -398,7 +398,7 @@ def test_worker_profile_lists_what_ran() -> None:
 
 
 def test_worker_profile_summary_totals_the_device_and_host_time() -> None:
-    from locks_engine.vllm_backend.probes import start_profile, stop_profile_summary
+    from locks_bench.probes import start_profile, stop_profile_summary
 
     assert stop_profile_summary(None) == {}
     model = torch.nn.Linear(64, 64)

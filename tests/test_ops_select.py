@@ -5,7 +5,7 @@ import torch
 
 from locks_engine import LocksConfig
 from locks_engine.ops import select_pages
-from locks_engine.ops.select import forced_page_mask, group_mass_shares
+from locks_engine.ops.select import every_page, forced_page_mask, group_mass_shares, reads_every_page
 
 CASES = {
     "long_partial": (1000, 7),
@@ -100,3 +100,23 @@ def test_budget_past_the_block_table_reads_every_page_in_pmax_slots(budget):
     pages = torch.arange(40)
     expected = torch.where(pages < torch.tensor([38, 12]).view(2, 1, 1), pages, -1).expand(2, 2, 40)
     assert torch.equal(selected, expected)
+
+
+@pytest.mark.parametrize("seq_lens", [[1], [16, 17], [0, 40, 5]], ids=["one_token", "page_edge", "empty_row"])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_every_page_lists_each_sequences_pages_in_pmax_slots(seq_lens, heads):
+    selected = every_page(torch.tensor(seq_lens, dtype=torch.int32), heads, 4, 16)
+    assert selected.shape == (len(seq_lens), heads, 4) and selected.dtype == torch.int64
+    for row, n in enumerate(seq_lens):
+        pages = -(-n // 16)
+        assert torch.equal(selected[row], torch.tensor([*range(pages)] + [-1] * (4 - pages)).expand(heads, 4))
+
+
+def test_reads_every_page_when_summaries_and_budget_cost_the_bytes_of_every_page():
+    """``K >= n * (1 - s)``: the summaries of ``n`` pages plus ``K`` pages cost at least ``n`` pages' K+V."""
+    cfg = LocksConfig(budget=48 * 16)
+    assert reads_every_page(LocksConfig(budget=48, dense=True), 1000, 0.2)
+    assert reads_every_page(cfg, 48, 0.0) and not reads_every_page(cfg, 49, 0.0)
+    assert reads_every_page(cfg, 60, 0.2) and not reads_every_page(cfg, 61, 0.2)
+    for n in range(1, 200):
+        assert reads_every_page(cfg, n, 0.25) == (n * 0.25 + min(48, n) >= n)

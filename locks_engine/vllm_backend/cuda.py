@@ -1,0 +1,131 @@
+"""The CUDA path of the LOCKS backend (vLLM 0.26 on the GPU machine): vLLM's own cache writer and the Triton
+stages of ``locks_kernels``, which implement the default summary format ``colwise8`` only (the builder rejects
+another on CUDA). ``locks_kernels`` (and triton) load on first use, so CPU machines never import them.
+
+Decode launches fixed grids and never waits for the host, so a full CUDA graph captures it: the page that a
+decode token completes is summarized on the device (``build_completed_page_summaries`` checks
+``seq_len % B == 0`` there), the block table is the runner's persistent full-width buffer, and whether every
+page is read is decided from ``Pmax``, the pages that buffer spans (static from step to step).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from locks_engine.config import LocksConfig
+from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
+from locks_engine.ops.summaries import PageSummaries
+from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
+
+if TYPE_CHECKING:
+    from locks_engine.vllm_backend.metadata import LocksMetadata
+
+#: The summary formats the CUDA kernels implement (``LocksConfig.summary_format``).
+CUDA_SUMMARY_FORMATS = ("colwise8",)
+
+
+def check_summary_format(cfg: LocksConfig) -> None:
+    """Raises:
+        ValueError: ``cfg.summary_format`` is not one the CUDA kernels implement (the other formats are CPU
+            references, for the fidelity study).
+    """
+    if cfg.summary_format not in CUDA_SUMMARY_FORMATS:
+        raise ValueError(
+            f"LocksConfig.summary_format={cfg.summary_format!r}: allowed on CUDA {', '.join(CUDA_SUMMARY_FORMATS)} "
+            "(the other formats run on the CPU path only)"
+        )
+
+
+class CudaPath:
+    """K/V writes, summaries, prefill and decode of one layer on a CUDA device.
+
+    Args:
+        head_size (int): D. num_kv_heads (int): H. scale (float): softmax scale.
+        kv_cache_dtype (str): vLLM's cache dtype setting (``"auto"``, ``"float16"``, ``"bfloat16"``).
+    """
+
+    def __init__(self, head_size: int, num_kv_heads: int, scale: float, kv_cache_dtype: str) -> None:
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.kv_cache_dtype = kv_cache_dtype
+
+    def views(self, kv_cache: Tensor) -> tuple[Tensor, Tensor]:
+        """`[num_blocks, block_size, H, D]` views of K and V of the packed cache."""
+        return compat.split_kv_cache(kv_cache, self.head_size, "packed")
+
+    def write_kv(self, layer, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
+        """Write K/V `[T, H, D]` at ``slot_mapping`` `[T']` (``-1`` = padding) with vLLM's FLASH_ATTN writer
+        (the layer's scales are unused for the unquantized caches LOCKS takes)."""
+        from vllm._custom_ops import reshape_and_cache_flash
+
+        k_scale = getattr(layer, "_k_scale", None)
+        if k_scale is None:  # engine-free tests pass no layer
+            k_scale = torch.ones((), dtype=torch.float32, device=kv_cache.device)
+        v_scale = getattr(layer, "_v_scale", k_scale)
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, self.kv_cache_dtype, k_scale, v_scale)
+
+    def summarize(self, store: PageSummaries, kv_cache: Tensor, meta: LocksMetadata) -> None:
+        """Summarize the pages completed by prefill rows (``meta.new_page_ids``) into ``store`` at their physical
+        ids; decode rows' pages are summarized in ``select``."""
+        if not meta.new_page_ids.numel():
+            return
+        from locks_kernels import build_page_summaries
+
+        k_cache = self.views(kv_cache)[0]
+        block_size = k_cache.shape[1]
+        slots = meta.new_page_slots
+        keys = k_cache[slots // block_size, slots % block_size]  # [Pn, B, H, D]
+        for stored, new in zip(store.colwise8(), build_page_summaries(keys, meta.cfg.rank)):
+            stored[meta.new_page_ids] = new
+
+    def attend_prefill(self, rows: PrefillRows, query: Tensor, kv_cache: Tensor, out: Tensor) -> None:
+        """Dense causal attention of the prefill rows (``prefill.py``: FlashAttention for fp16/bf16)."""
+        attend_prefill(rows, query, kv_cache, self.head_size, self.scale, out)
+
+    def select(self, q: Tensor, kv_cache: Tensor, store: PageSummaries | None, meta: LocksMetadata
+               ) -> tuple[Tensor, Tensor, bool]:
+        """Summarize the page each decode token completed, score every page, select (paper Sections 3.1-3.3);
+        every page unscored where ``reads_every_page`` says so for ``Pmax`` pages.
+
+        Args:
+            q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
+            store (PageSummaries | None): summaries by physical page id, updated in place; None with ``cfg.dense``.
+        Returns:
+            tuple[Tensor, Tensor, bool]: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused
+            slots), the block table `[S, W]` it indexes, and whether every page is read unscored.
+        """
+        import locks_kernels as lk
+
+        cfg, rows = meta.cfg, q.shape[0]
+        block_size = kv_cache.shape[2]
+        seq_lens, block_table = meta.seq_lens[:rows], meta.block_table[:rows]
+        k_cache = self.views(kv_cache)[0]
+        pmax = block_table.shape[1] * (block_size // cfg.page_size)
+        summaries = None if store is None else store.colwise8()
+        if summaries is not None:
+            lk.build_completed_page_summaries(k_cache, block_table, seq_lens, summaries, cfg.page_size)
+        every = reads_every_page(cfg, pmax, summary_fraction(cfg, self.head_size, kv_cache.dtype))
+        if every:
+            return every_page(seq_lens, self.num_kv_heads, pmax, cfg.page_size), block_table, True
+        scores = lk.score_pages(q, summaries, block_table, seq_lens, cfg.page_size, block_size, self.scale)
+        selected = lk.select_pages(
+            scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages
+        )
+        return selected, block_table, False
+
+    def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
+               meta: LocksMetadata, out: Tensor) -> None:
+        """Exact softmax attention over the selected pages only (paper Section 3.4), written into ``out``
+        `[S, HQ, D]`."""
+        from locks_kernels import sparse_paged_attention
+
+        k_cache, v_cache = self.views(kv_cache)
+        sparse_paged_attention(
+            q, k_cache, v_cache, block_table, seq_lens, selected, meta.cfg.page_size, self.scale, out=out
+        )
