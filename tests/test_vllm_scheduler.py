@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
 
-from locks_engine.vllm_backend import scheduler as sched  # noqa: E402
+from locks_bench import scheduler as sched  # noqa: E402
 
 
 class Manager:
