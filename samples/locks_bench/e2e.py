@@ -115,10 +115,10 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
 
 def prefix_walk_kwargs(cut: bool) -> dict:
     """``LLM`` arguments that cut vLLM's per-step walk of the running request's block list (cascade attention
-    off, :class:`locks_engine.vllm_backend.scheduler.NoPrefixWalkScheduler`); ``{}`` when ``cut`` is false."""
+    off, :class:`locks_bench.scheduler.NoPrefixWalkScheduler`); ``{}`` when ``cut`` is false."""
     if not cut:
         return {}
-    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
+    from locks_bench.scheduler import SCHEDULER_CLS
 
     return {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
 
