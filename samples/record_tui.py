@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.tmux_support import TmuxApp, screen_svg
 
 
 def main() -> None:
@@ -30,6 +29,8 @@ def main() -> None:
     parser.add_argument("--size", default="140x45", help="terminal columns x rows")
     parser.add_argument("--out", type=Path, default=Path("samples/tui.svg"))
     args = parser.parse_args()
+    from tests.tmux_support import TmuxApp, screen_svg
+
 
     from locks_engine.models import resolve_model
 
