@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("document", type=Path)
