@@ -44,6 +44,17 @@ from locks_engine.ops.select import forced_page_mask
 SELECTORS = ("oracle", "locks", "quest", "shared", "shared-bytes", "window")
 
 
+def hadamard(dim: int) -> Tensor | None:
+    """Orthonormal Sylvester-Hadamard matrix `[D, D]` float64 (a fixed rotation of the keys for the fidelity study),
+    or None when ``D`` is not a power of two."""
+    if dim & (dim - 1):
+        return None
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < dim:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h / dim**0.5
+
+
 @dataclass
 class DecodeSteps:
     """Decode steps of one layer and KV head, all over one sequence (block size = page size)."""

@@ -19,11 +19,9 @@ Prints a table last; ``--json`` writes every repetition with the command, machin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -31,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = ("cpu_attn", "locks", "locks_dense")
-
+from locks_bench.cpu import MODES, parse
+from locks_bench.results import header, write_result
 
 def run_mode(args: argparse.Namespace) -> dict:
     """One engine of ``args.mode``: prefill, then ``reps`` x (n1, n2) generations on the cached prompt."""
@@ -76,38 +74,16 @@ def run_mode(args: argparse.Namespace) -> dict:
             "reps": reps}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--book", required=True, help="UTF-8 text to cut the prompt from")
-    p.add_argument("--model", default=None, help="model directory or hub id (default: the built-in model)")
-    p.add_argument("--context", type=int, default=7000, help="prompt tokens")
-    p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
-    p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
-    p.add_argument("--n1", type=int, default=16)
-    p.add_argument("--n2", type=int, default=80)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.n2 <= args.n1 or args.n1 < 1:
-        p.error("need 1 <= --n1 < --n2")
-    if bad := [m for m in args.modes.split(",") if m not in MODES]:
-        p.error(f"unknown mode(s) {', '.join(bad)}; allowed: {', '.join(MODES)}")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    args = parse(__doc__.split("\n\n")[0], argv)
     if args.mode:
         print("RESULT " + json.dumps(run_mode(args)), flush=True)
         return 0
     results = []
     for mode in args.modes.split(","):
         env = dict(os.environ, LOCKS_OVERRIDE_CPU_ATTN="0" if mode == "cpu_attn" else "1")
-        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--mode", mode], env=env,
+        words = sys.argv[1:] if argv is None else argv
+        done = subprocess.run([sys.executable, __file__, *words, "--mode", mode], env=env,
                               capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
@@ -122,10 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['mode']:<12} {r['tpot_ms_median']:>17.1f} {min(tpots):>7.1f}-{max(tpots):<7.1f} "
               f"{r['prefill_s']:>10.1f} {r['engine_start_s']:>8.1f}")
     if args.json:
-        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-        command = "python samples/bench_cpu_decode.py " + shlex.join(sys.argv[1:])
-        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine,
-                                         "command": command, "results": results}, indent=1) + "\n")
+        book = {"--book": "../shared/data/books/{name}", "--model": "MODEL_DIR"}
+        head = {**header("bench_cpu_decode.py", argv, book), "python": platform.python_version()}
+        write_result(args.json, {**head, "results": results})
     return 0
 
 

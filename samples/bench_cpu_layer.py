@@ -14,18 +14,13 @@ Prints a table last; ``--json`` writes it with the command, machine and date.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from locks_bench.results import header, write_result
 from locks_engine.config import LocksConfig
 from locks_engine.ops import (
     allocate_page_summaries,
@@ -119,11 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         ms = [r[k] for k in ("score_ms", "select_ms", "attend_ms", "layer_ms")]
         print(f"{r['threads']:>7} " + " ".join(f"{m:>8.2f}" for m in ms))
     if args.json:
-        machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                   f"torch {torch.__version__}")
-        command = "python samples/bench_cpu_layer.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine,
-                                         "command": command, "rows": rows}, indent=1) + "\n")
+        head = {**header("bench_cpu_layer.py", argv), "torch": torch.__version__}
+        write_result(args.json, {**head, "rows": rows})
     return 0
 
 

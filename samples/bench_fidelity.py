@@ -1,7 +1,7 @@
 """Selection fidelity on real models and real books: LOCKS vs the exact-LSE oracle, Quest, a shared basis and a
 window, at every layer (issue 8, offline part). CPU only.
 
-For each model: one forward pass over the first N tokens of a book (``fidelity_capture.py``; cached under
+For each model: one forward pass over the first N tokens of a book (``locks_bench.capture``; cached under
 ``--cache-dir``, so a re-run skips it), keeping keys and values of every position and the queries of ``--steps``
 decode positions spread over the last eighth of each context (a 32K pass serves 8K and 16K too: attention is
 causal). Then, per context, layer and KV head, every selector at every budget (a fraction of the context's
@@ -16,7 +16,7 @@ causal). Then, per context, layer and KV head, every selector at every budget (a
 Measures (``locks_engine.fidelity``): attention mass kept / the oracle's (median, mean, per-layer minimum of the
 mean), top-k recall of the oracle's pages, relative error of the attention output vs dense, bytes per page.
 Writes ``fidelity.json`` (issue 8's summary format; its ``needle`` list, from ``bench_needle.py``, is kept),
-``fidelity_full.json``, ``fidelity_table.md`` and PNG plots to ``--out-dir``. The ``oracle`` rows are the
+``fidelity_table.md`` and PNG plots to ``--out-dir``, ``fidelity_full.json`` into the run's folder under it. The ``oracle`` rows are the
 reference itself (ratio 1): their absolute mass and output error are the floor of what any selector can reach.
 
 Run from the repository root, in a venv with torch, transformers, numpy, matplotlib and this package::
@@ -28,35 +28,20 @@ Run from the repository root, in a venv with torch, transformers, numpy, matplot
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fidelity_capture import load_or_capture, query_positions  # noqa: E402
-from fidelity_report import summarize, write_plots, write_table  # noqa: E402
-
-from locks_engine import LocksConfig  # noqa: E402
-from locks_engine.fidelity import DecodeSteps  # noqa: E402
-from locks_engine.ops import build_quest_summaries, build_shared_basis_summaries, summary_bytes  # noqa: E402
-
-
-def hadamard(dim: int) -> torch.Tensor | None:
-    """Orthonormal Sylvester-Hadamard matrix `[D, D]`, or None when ``D`` is not a power of two."""
-    if dim & (dim - 1):
-        return None
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < dim:
-        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-    return h / dim**0.5
+from locks_bench.capture import load_or_capture, query_positions
+from locks_bench.fidelity_report import summarize, write_plots, write_table
+from locks_bench.results import header as result_header
+from locks_bench.results import run_folder, write_result
+from locks_engine import LocksConfig
+from locks_engine.fidelity import DecodeSteps, hadamard
+from locks_engine.ops import build_quest_summaries, build_shared_basis_summaries, summary_bytes
 
 
 def selector_grid(ranks: list[int], dim: int) -> list[dict]:
@@ -139,22 +124,8 @@ def run_model(args, model_dir: str, name: str, contexts: list[int], log) -> list
 
 
 #: Options whose values are machine paths: recorded as placeholders (no machine path goes into the results).
-PLACEHOLDERS = {"--eval-model": "MODEL_DIR", "--builtin-model": "BUILTIN_DIR", "--cache-dir": "CACHE_DIR"}
-
-
-def public_command(argv: list[str]) -> str:
-    """The command line as run, with machine paths replaced by placeholders and the book by its shared path."""
-    words, previous = [], None
-    for word in argv:
-        if previous in PLACEHOLDERS:
-            word = PLACEHOLDERS[previous]
-        elif previous == "--book":
-            word = f"../shared/data/books/{Path(word).name}"
-        elif previous == "--out-dir" and Path(word).is_absolute():
-            word = "OUT_DIR"
-        words.append(word)
-        previous = word if word.startswith("--") else None
-    return "python samples/bench_fidelity.py " + " ".join(shlex.quote(w) for w in words)
+PLACEHOLDERS = {"--eval-model": "MODEL_DIR", "--builtin-model": "BUILTIN_DIR", "--cache-dir": "CACHE_DIR",
+                "--book": "../shared/data/books/{name}"}
 
 
 def parse_args(argv=None):
@@ -174,14 +145,15 @@ def parse_args(argv=None):
     ap.add_argument("--layers", type=int, nargs="*", help="default: every layer")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--replot", action="store_true", help="only redraw the plots from OUT_DIR/fidelity_full.json")
+    ap.add_argument("--replot", action="store_true", help="only redraw the plots from the latest OUT_DIR/*/fidelity_full.json")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
-        write_plots(json.loads((Path(args.out_dir) / "fidelity_full.json").read_text()), Path(args.out_dir))
+        latest = sorted(Path(args.out_dir).glob("*/fidelity_full.json"))[-1]
+        write_plots(json.loads(latest.read_text()), Path(args.out_dir))
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -199,13 +171,8 @@ def main(argv=None) -> int:
     for model_dir, name, contexts in models:
         model_rows, metas[name] = run_model(args, model_dir, name, contexts, log)
         rows += model_rows
-    command = public_command(argv if argv is not None else sys.argv[1:])
-    header = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
-        "machine": f"{platform.machine()}, {os.cpu_count()}-core CPU, {torch.get_num_threads()} torch threads, "
-                   f"{platform.platform()}",
-        "runtime_s": round(time.perf_counter() - start),
-    }
+    header = {**result_header("bench_fidelity.py", argv, PLACEHOLDERS), "torch_threads": torch.get_num_threads(),
+              "runtime_s": round(time.perf_counter() - start)}
     summary, full = summarize(rows, header, metas, vars(args))
     previous = out_dir / "fidelity.json"
     if previous.is_file():  # keep the end-to-end results of bench_needle.py
@@ -215,7 +182,7 @@ def main(argv=None) -> int:
             summary["needle_command"] = old["needle_command"]
     previous.write_text(json.dumps(summary, indent=1) + "\n")
     (out_dir / "fidelity_table.md").write_text(write_table(summary, ranks=(0, 2, 4, 8)) + "\n")
-    (out_dir / "fidelity_full.json").write_text(json.dumps(full, indent=1) + "\n")
+    write_result(out_dir / run_folder(header) / "fidelity_full.json", full)
     write_plots(full, out_dir)
     print(write_table(summary))
     log(f"wrote {out_dir}/fidelity.json, fidelity_full.json and plots in {header['runtime_s']} s")

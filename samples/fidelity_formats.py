@@ -2,7 +2,7 @@
 formats ``chanlog``, the log2-byte per-channel variant below, and ``colwise8``, the "colwise, int8 basis" row,
 the default since 2026-12-01: it keeps the most and scores fastest on the GPU; the others stay proposals).
 
-On a capture cached by ``bench_fidelity.py``: for every layer and KV head, the KV group's mass kept over the
+On a capture cached by ``samples/bench_fidelity.py``: for every layer and KV head, the KV group's mass kept over the
 exact-LSE oracle's (``group_ratio``) at one budget and rank, for summaries that quantize one part at a time
 (centroid, basis, coefficients), and for three candidate bases: one int4 scale per channel (column of the basis)
 in fp16 or as a 1-byte log2 code, and a fixed Hadamard rotation of the head dim before the per-direction int4.
@@ -14,22 +14,18 @@ Everything else follows ``build_page_summaries`` (coefficients fitted to the sto
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_fidelity import hadamard  # noqa: E402
-from fidelity_capture import query_positions  # noqa: E402
-
-from locks_engine import LocksConfig  # noqa: E402
-from locks_engine.fidelity import DecodeSteps  # noqa: E402
-from locks_engine.ops.quant import dequantize, quantize_symmetric  # noqa: E402
-from locks_engine.ops.score import mask_incomplete  # noqa: E402
-from locks_engine.ops.summaries import _page_basis  # noqa: E402
+from locks_bench.capture import query_positions
+from locks_bench.results import header, write_result
+from locks_engine import LocksConfig
+from locks_engine.fidelity import DecodeSteps, hadamard
+from locks_engine.ops.quant import dequantize, quantize_symmetric
+from locks_engine.ops.score import mask_incomplete
+from locks_engine.ops.summaries import _page_basis
 
 #: name -> how the centroid, basis and coefficients are stored, and whether keys are rotated first
 VARIANTS = {
@@ -138,7 +134,9 @@ def main(argv=None) -> int:
               f"{r['min_layer_mean']:.4f} ({r['min_layer']}) |")
     if args.out:
         meta = {"model": data["meta"]["model"], "context": args.context, "budget_frac": args.budget, "rank": args.rank}
-        Path(args.out).write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
+        words = [("CACHE_DIR/" + Path(w).name) if w == args.capture else w for w in (argv or sys.argv[1:])]
+        head = header("fidelity_formats.py", words)
+        write_result(args.out, {**head, **meta, "results": results})
     return 0
 
 

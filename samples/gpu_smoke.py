@@ -34,7 +34,7 @@ Writes ``smoke.json`` (every mode's tokens, timings, statistics) and ``smoke.log
 ``--out``, prints a table last; exit status 1 when a check fails or a mode does not run. A divergence is
 reported with both runs' logprob gap between the two tokens: two correct attention kernels part at the first
 near-tie of the logits (H200, 2026-11-29: bf16 at token 1, an exact tie in FLASH_ATTN's run; fp16 at token 28,
-0.002 nats; results in ``samples/results/gpu_smoke.json``), so ``--dtype float16`` is the stricter check.
+0.002 nats; results in ``samples/results/2026-11-29_gpu_*/gpu_smoke.json``), so ``--dtype float16`` is the stricter check.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e import run_engine_process  # one process group per engine, killed whole
+from locks_bench.engines import run_engine_process  # one process group per engine, killed whole
+from locks_bench.results import header, write_result
 
 MODES = {
     "flash": {"backend": "FLASH_ATTN", "budget": None, "eager": True},
@@ -160,8 +160,9 @@ def write_book_prompt(model_dir: str, book: str, path: str, title: str = "", sta
     ``start``) in a chat turn asking for a retelling of the passage of ``title`` (default: the file's stem);
     returns the prompt length in tokens. The TP=2 check on the evaluation model used Paradise Lost from token
     20,000 (title "Paradise Lost", 7,051 prompt tokens)."""
-    from fidelity_capture import read_prose
     from transformers import AutoTokenizer
+
+    from locks_bench.results import read_prose
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = tokenizer(read_prose(book), add_special_tokens=False)["input_ids"][start:start + tokens]
@@ -288,9 +289,10 @@ def main() -> int:
             checks[f"{sparse}_sparse"] = ok = {"pass": 0 < s["pages_read"] < s["pages_total"], **s}
             if not ok["pass"]:
                 failures.append(f"{sparse}: pages read {s['pages_read']} not < total {s['pages_total']}")
-    summary = {"modes": {m: {k: v for k, v in r.items() if k != "logprobs"} for m, r in results.items()},
+    summary = {**header("gpu_smoke.py", placeholders={"--model": "MODEL_DIR", "--prompt-ids": "PROMPT_IDS"}),
+               "modes": {m: {k: v for k, v in r.items() if k != "logprobs"} for m, r in results.items()},
                "checks": checks, "failures": failures, "args": vars(args)}
-    (out / "smoke.json").write_text(json.dumps(summary, indent=1))
+    write_result(out / "smoke.json", summary)
     print_table(results, checks, failures)
     return 1 if failures else 0
 

@@ -46,38 +46,12 @@ import datetime
 import json
 import math
 import os
-import re
 import sys
 
 import numpy as np
 import torch
 
-
-def read_prose(path: str) -> str:
-    """Text of the book, without a Project Gutenberg header/footer if the file has one."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    start = re.search(r"\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG[^\n]*\n", text, re.IGNORECASE)
-    if start:
-        text = text[start.end():]
-    end = re.search(r"\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG", text, re.IGNORECASE)
-    if end:
-        text = text[: end.start()]
-    return text.lstrip()
-
-
-def first_tokens(tokenizer, text: str, n: int) -> list[int]:
-    """The first n token ids of text (no special tokens), tokenizing only a generous prefix."""
-    chars = 8 * n
-    while True:
-        ids = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
-        # Need one token more than n: the last one may be a word cut by the character prefix.
-        if len(ids) > n or chars >= len(text):
-            break
-        chars *= 2
-    if len(ids) < n:
-        raise SystemExit(f"text has only {len(ids)} tokens, need {n}")
-    return ids[:n]
+from locks_bench.results import first_tokens, read_prose
 
 
 def main(argv=None) -> int:

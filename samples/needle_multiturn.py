@@ -1,6 +1,6 @@
 """Multi-turn needles through vLLM with the LOCKS backend: one conversation over one haystack holding several
 needles at different depths; each turn asks for another one (the model's own earlier answers stay in the
-conversation). Per turn: accuracy and carrier retention of that turn's needle (as ``bench_needle.py``).
+conversation). Per turn: accuracy and carrier retention of that turn's needle (as ``samples/bench_needle.py``).
 Writes ``OUT_DIR/needle_multiturn.json`` (kept apart from ``fidelity.json``'s single-needle cells).
 
     python samples/needle_multiturn.py --model MODEL_DIR --books ../shared/data/books/milton_paradise_lost.txt \\
@@ -10,20 +10,14 @@ Writes ``OUT_DIR/needle_multiturn.json`` (kept apart from ``fidelity.json``'s si
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import random
-import shlex
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_needle import ANSWER, INTRO, KEYS, NEEDLE, QUESTION, carrier  # noqa: E402
-from fidelity_capture import read_prose  # noqa: E402
-
-from locks_engine import LocksConfig  # noqa: E402
+from locks_bench.needle import ANSWER, INTRO, KEYS, NEEDLE, QUESTION, carrier
+from locks_bench.results import header, read_prose, write_result
+from locks_engine import LocksConfig
 
 
 def haystack(tokenizer, book_ids: list[int], context: int, depths: list[float], rng: random.Random) -> tuple[str, list]:
@@ -76,7 +70,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from locks_engine.vllm_backend.runner import EngineOptions, LocksEngine
+    from locks_engine.engine import EngineOptions, LocksEngine
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
@@ -119,12 +113,11 @@ def main(argv=None) -> int:
                         "accuracy": round(sum(r["correct"] for r in cell) / len(cell), 4), "turns": len(cell),
                         "carrier_retention": round(sum(r["carrier_retention"] for r in cell) / len(cell), 4)})
         print(summary[-1])
-    words = ["MODEL_DIR" if w == args.model else (f"../shared/data/books/{Path(w).name}" if w in args.books else w)
+    words = [f"../shared/data/books/{Path(w).name}" if w in args.books else w
              for w in (argv if argv is not None else sys.argv[1:])]
-    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "command": "python samples/needle_multiturn.py " + " ".join(shlex.quote(w) for w in words),
+    doc = {**header("needle_multiturn.py", words, {"--model": "MODEL_DIR"}),
            "runtime_s": round(time.perf_counter() - start), "summary": summary, "turns": rows}
-    Path(args.out_dir, "needle_multiturn.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_result(Path(args.out_dir, "needle_multiturn.json"), doc)
     return 0
 
 

@@ -3,8 +3,10 @@
 Runs ``locks-chat DOCUMENT`` under tmux with vLLM, LOCKS and the built-in model, asks one question, and saves
 the screen once the answer is complete (Rich's SVG exporter, as Textual's screenshots). Needs tmux.
 
-    python samples/record_tui.py path/to/text_R-intro.pdf --pages 1-8 \\
+    python -m samples.record_tui path/to/text_R-intro.pdf --pages 1-8 \\
         --question "What is R?" --out samples/tui.svg
+
+Run it as a module from the repository root (``-m``), so that ``tests.tmux_support`` imports.
 """
 
 from __future__ import annotations
@@ -14,10 +16,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.tmux_support import TmuxApp, screen_svg  # noqa: E402
 
 
 def main() -> None:
@@ -30,6 +28,8 @@ def main() -> None:
     parser.add_argument("--size", default="140x45", help="terminal columns x rows")
     parser.add_argument("--out", type=Path, default=Path("samples/tui.svg"))
     args = parser.parse_args()
+    from tests.tmux_support import TmuxApp, screen_svg
+
 
     from locks_engine.models import resolve_model
 

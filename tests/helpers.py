@@ -64,14 +64,3 @@ def make_scenario(
         torch.tensor(seq_lens, dtype=torch.int32), page_size,
     )
 
-
-def load_sample_script(name: str):
-    """Import ``samples/<name>.py`` (scripts, not a package) as a module for its tests."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "samples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -1,15 +1,11 @@
-"""The CPU decode benchmark's arguments (``samples/bench_cpu_decode.py``); the benchmark itself starts engines."""
+"""The CPU decode benchmark's arguments (``samples/bench_cpu_decode.py``, ``locks_bench.cpu``); the benchmark
+itself starts engines."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import load_sample_script
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return load_sample_script("bench_cpu_decode")
+from locks_bench import cpu
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -17,12 +13,12 @@ def bench():
     (["--n1", "0"], "need 1 <= --n1 < --n2"),
     (["--modes", "locks,flash"], "unknown mode(s) flash"),
 ])
-def test_bad_arguments_are_refused_in_one_line(bench, capsys, argv, message):
+def test_bad_arguments_are_refused_in_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
-        bench.parse(["--book", "book.txt", *argv])
+        cpu.parse("", ["--book", "book.txt", *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_defaults_run_every_mode(bench):
-    args = bench.parse(["--book", "book.txt"])
-    assert args.modes.split(",") == list(bench.MODES) and (args.n1, args.n2, args.context) == (16, 80, 7000)
+def test_defaults_run_every_mode():
+    args = cpu.parse("", ["--book", "book.txt"])
+    assert args.modes.split(",") == list(cpu.MODES) and (args.n1, args.n2, args.context) == (16, 80, 7000)

@@ -1,4 +1,5 @@
-"""``samples/bench_needle.py --summarize``: cells recomputed from every run's trials (no engine here)."""
+"""``samples/bench_needle.py --summarize`` (``locks_bench.needle``): cells recomputed from every run's trials (no
+engine here)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_sample_script
-
-
-@pytest.fixture(scope="module")
-def needle():
-    return load_sample_script("bench_needle")
+from locks_bench import needle
 
 
 def trial(mode, book, depth, correct, retention, fmt=None, context=16384, value="1234567"):
@@ -29,7 +25,7 @@ def write(out: Path, runs: list[dict], cells: list[dict]) -> None:
     (out / "fidelity.json").write_text(json.dumps({"mass": [{"kept": True}], "needle": cells}))
 
 
-def test_summarize_adds_runs_up_and_counts_a_prompt_once(needle, tmp_path):
+def test_summarize_adds_runs_up_and_counts_a_prompt_once(tmp_path):
     old_cell = {"model": "m", "context": 8192, "mode": "dense", "budget_frac": 1.0, "accuracy": 1.0, "trials": 20,
                 "carrier_retention": 1.0}
     runs = [
@@ -50,7 +46,7 @@ def test_summarize_adds_runs_up_and_counts_a_prompt_once(needle, tmp_path):
     assert doc["mass"] == [{"kept": True}] and old_cell in doc["needle"] and len(doc["needle"]) == 3
 
 
-def test_summarize_refuses_mixed_formats_and_empty_contexts(needle, tmp_path):
+def test_summarize_refuses_mixed_formats_and_empty_contexts(tmp_path):
     runs = [{"date": "d1", "trials": [trial("locks", "a", 0.5, True, 0.5, "colwise"),
                                       trial("locks", "b", 0.5, True, 0.5, "chanlog")]}]
     write(tmp_path, runs, [])

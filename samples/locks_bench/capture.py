@@ -1,4 +1,4 @@
-"""Capture post-RoPE queries, keys and values of every layer of a model over a book, for ``bench_fidelity.py``.
+"""Capture post-RoPE queries, keys and values of every layer of a model over a book, for ``samples/bench_fidelity.py``.
 
 One forward pass with transformers (CPU, float32, ``attn_implementation="sdpa"``: causal attention without an
 ``N x N`` matrix) over the first ``tokens`` tokens of a plain-text book. RoPE outputs are recorded by wrapping the
@@ -18,35 +18,13 @@ import datetime
 import hashlib
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-
-def read_prose(path: str | Path) -> str:
-    """Text of the book, without a Project Gutenberg header/footer if the file has one."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    start = re.search(r"\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG[^\n]*\n", text, re.IGNORECASE)
-    if start:
-        text = text[start.end():]
-    end = re.search(r"\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG", text, re.IGNORECASE)
-    return (text[: end.start()] if end else text).lstrip()
-
-
-def first_tokens(tokenizer, text: str, n: int) -> list[int]:
-    """The first ``n`` token ids of ``text`` (no special tokens), tokenizing only a generous prefix."""
-    chars = 8 * n
-    while True:
-        ids = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
-        if len(ids) > n or chars >= len(text):
-            break
-        chars *= 2
-    if len(ids) < n:
-        raise SystemExit(f"text has only {len(ids)} tokens, need {n}")
-    return ids[:n]
+from locks_bench.results import first_tokens, read_prose
 
 
 def query_positions(context: int, steps: int = 64, span: float = 0.125) -> list[int]:

