@@ -19,12 +19,12 @@ Storage formats (``LocksConfig.summary_format``; scales fp16):
   up so that no entry clips. Real keys' channels differ in size by orders of magnitude and every direction mixes
   them: a scale per channel keeps the small channels that a scale per direction, set by the large ones, rounds
   to zero (measured on Qwen2.5-Coder-0.5B, 32K tokens, 2% budget, r=8: worst layer 0.965 of the
-  oracle's mass against 0.940 for ``colwise``; ``samples/results/README.md``). About 12.7% of bf16 K+V at B=16,
+  oracle's mass against 0.940 for ``colwise``; ``samples/BENCHMARKS.md``). About 12.7% of bf16 K+V at B=16,
   r=8, D=128 (1,040 B against 928 B), 14.5% at D=64.
 - ``colwise8`` (the default): as ``colwise``, but an int8 basis (one fp16 scale per direction). Keeps the small
   channels as ``chanlog`` does and more (32K tokens, 2%, r=8: worst layer 0.969 against chanlog's 0.965), and its scores
   need no int4 unpacking or per-channel scale: the GPU kernel takes the int8 basis straight into the int8
-  matrix units (score kernel on an H200 at 1M tokens: 0.38 ms a layer against chanlog's 1.05; ``kernels/NOTES.md``).
+  matrix units (``kernels/NOTES.md``).
   About 17.6% of bf16 K+V at B=16, r=8, D=128 (1,440 B), 19.5% at D=64 (800 B).
 
 In the quantized formats the coefficients are fitted to the *stored* centroid and basis (least squares
