@@ -178,8 +178,9 @@ def main(argv=None) -> int:
     if previous.is_file():  # keep the end-to-end results of bench_needle.py
         old = json.loads(previous.read_text())
         summary["needle"] = old.get("needle", [])
-        if "needle_command" in old:
-            summary["needle_command"] = old["needle_command"]
+        for key in ("needle_command", "needle_provenance"):
+            if key in old:
+                summary[key] = old[key]
     previous.write_text(json.dumps(summary, indent=1) + "\n")
     (out_dir / "fidelity_table.md").write_text(write_table(summary, ranks=(0, 2, 4, 8)) + "\n")
     write_result(out_dir / run_folder(header) / "fidelity_full.json", full)

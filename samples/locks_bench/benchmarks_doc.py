@@ -66,6 +66,21 @@ def benchmarks_md(results: Path) -> str:
     return "\n".join(lines)
 
 
+def machine_text(machine) -> str:
+    """A machine as one short phrase: a header's dict (name and CPU class) or an older file's string."""
+    if isinstance(machine, dict):
+        return machine.get("name", "") + (f" ({machine['cpu_class']})" if machine.get("kind") == "cpu" else "")
+    return str(machine or "")
+
+
+def first_command(cmds) -> str:
+    """The first command of a result's ``command`` (a list of statements or one), as a code span; ``+ more`` when
+    further commands follow (BENCHMARKS.md lists them all)."""
+    cmds = [cmds] if isinstance(cmds, str) or (isinstance(cmds, list) and cmds and " " not in cmds[0]) else cmds
+    text = command_text(cmds[0]).split(", then")[0] if cmds else ""
+    return f"`{text}`" + (" + more" if len(cmds) > 1 or ", then" in command_text(cmds[0]) else "")
+
+
 def e2e_rows(doc: dict) -> list[list[str]]:
     """Headline rows of ``e2e.json``: Llama-3.1-8B at 128K and 256K (batch 1) and 128K x 6, each the latest
     kernels' row, and the GLM 1M per-layer device ratio (``one_gpu_device_fits``)."""
@@ -80,40 +95,48 @@ def e2e_rows(doc: dict) -> list[list[str]]:
 
     def where(kernels):
         p = prov.get(kernels or "", {})
-        cmd = next((c for c in doc.get("command", []) if kernels and f"--kernels {kernels}" in c), None)
-        return [p.get("machine", ""), p.get("commit", ""), p.get("date", ""), f"`{cmd or doc['command'][0]}`"]
+        cmd = [c for c in doc.get("command", []) if kernels and f"--kernels {kernels}" in c] or doc["command"][:2]
+        return [p.get("machine", ""), p.get("commit", ""), p.get("date", ""), first_command(cmd)]
 
     out = []
-    for label, shape, ctx, batch in (("Llama-3.1-8B, 128K, batch 1", "llama3.1-8b", 131072, 1),
-                                     ("Llama-3.1-8B, 256K, batch 1", "llama3.1-8b", 262144, 1),
-                                     ("Llama-3.1-8B, 128K x 6 sequences", "llama3.1-8b", 131072, 6)):
+    for label, shape, ctx, batch in (("Llama-3.1-8B shapes, 128K, batch 1: TPOT", "llama3.1-8b", 131072, 1),
+                                     ("Llama-3.1-8B shapes, 256K, batch 1: TPOT", "llama3.1-8b", 262144, 1),
+                                     ("Llama-3.1-8B shapes, 128K x 6 sequences: TPOT", "llama3.1-8b", 131072, 6)):
         r = latest(shape, ctx, batch)
         if r:
-            value = f"{r['dense_tpot_ms']} -> {r['locks_tpot_ms']} ms/token ({r['speedup']}x)"
-            out.append([label, value, *where(r.get("kernels"))])
+            fmt = "" if r.get("summary_format") == "colwise8" else f" (summary format `{r.get('summary_format')}`)"
+            out.append([label + fmt, f"{r['locks_tpot_ms']:.2f} ms", f"{r['dense_tpot_ms']:.2f} ms",
+                        f"**{r['speedup']:.2f}x**", *where(r.get("kernels"))])
     for fit in doc.get("one_gpu_device_fits", [])[-1:]:
-        value = (f"{fit['dense_per_layer_ms']} -> {fit['locks_per_layer_ms']} ms a layer "
-                 f"({fit['per_layer_ratio']}x)")
-        out.append(["GLM-4-9B-1M shape, 1M, per layer", value, *where(fit.get("kernels"))])
+        out.append(["GLM-4-9B-1M-like, 1M, batch 1: GPU time a layer", f"{fit['locks_per_layer_ms']:.3f} ms",
+                    f"{fit['dense_per_layer_ms']:.3f} ms", f"**{fit['per_layer_ratio']:.2f}x**",
+                    *where(fit.get("kernels"))])
     return out
 
 
 def fidelity_rows(doc: dict) -> list[list[str]]:
     """Headline rows of ``fidelity.json``: LOCKS' mass kept over the oracle's at 32K tokens, 2% budget, rank 8
-    (mean), and the needle accuracy of LOCKS at its longest context."""
-    machine, date, cmd = doc.get("machine"), str(doc.get("date", ""))[:10], doc.get("command")
-    out = []
-    for r in doc.get("mass", []):
-        if (r["selector"], r["context"], r["budget_frac"], r["rank"]) == ("locks", 32768, 0.02, 8):
-            out.append([f"Mass kept vs oracle, {r['model']}, 32K, 2% budget", f"mean {r['mass_vs_oracle_mean']}, "
-                        f"worst layer {r['min_layer_mean']}", machine, "", date, f"`{command_text(cmd)}`"])
-    needles = [c for c in doc.get("needle", []) if c["mode"] == "locks"]
-    if needles:
-        top = max(needles, key=lambda c: (c["context"], c["budget_frac"]))
-        cmds = doc.get("needle_command") or [""]
-        out.append([f"Needle, {top['model']}, {top['context'] // 1024}K, {top['budget_frac']:.0%} budget",
-                    f"accuracy {top['accuracy']} ({top['trials']} trials)", machine, "", date,
-                    f"`{command_text(cmds[-1])}`"])
+    (median, mean, worst layer; Quest's beside it), and LOCKS' needle accuracy at each context that
+    ``needle_provenance`` names."""
+    cmd, out = doc.get("command"), []
+    cell = {r["selector"]: r for r in doc.get("mass", []) if (r["context"], r["budget_frac"]) == (32768, 0.02)
+            and r["rank"] in (8, 0)}
+    if "locks" in cell:
+        mass = lambda r: f"median {r['mass_vs_oracle']:.3f}, mean {r['mass_vs_oracle_mean']:.3f}, worst layer " \
+                         f"{r['min_layer_mean']:.3f}"
+        out.append([f"Attention mass kept / exact oracle's, {cell['locks']['model']}, 32K tokens, 2% budget",
+                    mass(cell["locks"]), "Quest: " + mass(cell["quest"]) if "quest" in cell else "", "-",
+                    machine_text(doc.get("machine")), doc.get("commit") or "", str(doc.get("date", ""))[:10],
+                    first_command(cmd)])
+    for context, prov in sorted(doc.get("needle_provenance", {}).items(), key=lambda kv: -int(kv[0])):
+        cells = [c for c in doc.get("needle", []) if c["context"] == int(context)]
+        locks = sorted((c for c in cells if c["mode"] == "locks"), key=lambda c: c["budget_frac"])
+        dense = [c for c in cells if c["mode"] == "dense"]
+        hits = lambda c: f"{round(c['accuracy'] * c['trials'])}/{c['trials']}"
+        out.append([f"Needle in {int(context):,} tokens, {locks[0]['model']}", ", ".join(
+                    f"{hits(c)} at {c['budget_frac']:.0%}" for c in locks) + " of pages",
+                    f"dense {hits(dense[0])}" if dense else "", "-", machine_text(prov.get("machine")),
+                    prov.get("commit", ""), str(prov.get("date", ""))[:10], first_command(prov.get("command"))])
     return out
 
 
@@ -123,7 +146,7 @@ def readme_table(results: Path) -> list[str]:
     for name, fn in (("e2e.json", e2e_rows), ("fidelity.json", fidelity_rows)):
         if (results / name).is_file():
             rows += fn(json.loads((results / name).read_text()))
-    lines = ["| measurement | result | machine | commit | date | command |", "|---|---|---|---|---|---|"]
+    lines = ["| result | LOCKS | baseline | ratio | machine | commit | date | command |", "|---|---|---|---|---|---|---|---|"]
     return lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
 
 

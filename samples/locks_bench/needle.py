@@ -78,6 +78,9 @@ def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[d
     doc["needle"] = [e for e in doc.get("needle", []) if cell(e) not in fresh] + summary
     commands = doc.get("needle_command", [])
     doc["needle_command"] = commands + [header["command"]] * (header["command"] not in commands)
+    for context in {e["context"] for e in summary}:
+        doc.setdefault("needle_provenance", {})[str(context)] = {
+            k: header.get(k) for k in ("machine", "commit", "date")} | {"command": [header["command"]]}
     write_result(fidelity, doc)
 
 
