@@ -34,9 +34,13 @@ def synthetic(results: Path) -> None:
            "rows": [row(None, 131072, 1, 9.0, 8.0), row("k2", 131072, 1, 9.0, 6.0), row(None, 131072, 6, 36.0, 12.0)]}
     fidelity = {"date": "2026-01-03T10:00:00", "machine": "cpu", "command": ["python", "samples/bench_fidelity.py"],
                 "mass": [{"model": "m", "selector": "locks", "context": 32768, "budget_frac": 0.02, "rank": 8,
-                          "mass_vs_oracle_mean": 0.99, "min_layer_mean": 0.95}],
+                          "mass_vs_oracle": 0.995, "mass_vs_oracle_mean": 0.99, "min_layer_mean": 0.95}],
                 "needle": [{"model": "m", "context": 8192, "mode": "locks", "budget_frac": 0.05, "accuracy": 1.0,
-                            "trials": 10}], "needle_command": [["python", "samples/bench_needle.py"]]}
+                            "trials": 10}, {"model": "m", "context": 8192, "mode": "dense", "budget_frac": 1.0,
+                            "accuracy": 0.9, "trials": 10}], "needle_command": [["python", "samples/bench_needle.py"]],
+                "needle_provenance": {"8192": {"machine": {"kind": "cpu", "name": "CPU1", "cpu_class": "AVX2"},
+                                               "commit": "ccc", "date": "2026-01-04T09:00:00",
+                                               "command": [["python", "samples/bench_needle.py"]]}}}
     results.mkdir()
     (results / "e2e.json").write_text(json.dumps(e2e))
     (results / "fidelity.json").write_text(json.dumps(fidelity))
@@ -47,15 +51,16 @@ def test_generator_on_synthetic_json(tmp_path):
     results = tmp_path / "results"
     synthetic(results)
     table = readme_table(results)
-    assert table[0].startswith("| measurement | result | machine | commit | date | command |")
+    assert table[0] == "| result | LOCKS | baseline | ratio | machine | commit | date | command |"
     first, batched, mass, needle = table[2:]
-    assert "9.0 -> 6.0 ms/token (1.5x) | GPU2 | k2 | 2026-01-02 | `python samples/bench_e2e.py --kernels k2`" in first
-    assert "x 6 sequences | 36.0 -> 12.0 ms/token (3.0x) | GPU1 | aaa | 2026-01-01" in batched
-    assert "mean 0.99, worst layer 0.95 | cpu |  | 2026-01-03 | `python samples/bench_fidelity.py`" in mass
-    assert "accuracy 1.0 (10 trials)" in needle and "`python samples/bench_needle.py`" in needle
+    assert "| 6.00 ms | 9.00 ms | **1.50x** | GPU2 | k2 | 2026-01-02 | `python samples/bench_e2e.py --kernels k2` |" in first
+    assert "x 6 sequences: TPOT (summary format `None`) | 12.00 ms | 36.00 ms | **3.00x** | GPU1 | aaa | 2026-01-01" \
+        in batched
+    assert "median 0.995, mean 0.990, worst layer 0.950 |  | - | cpu |  | 2026-01-03 | `python samples/bench_fidelity.py`" in mass
+    assert "Needle in 8,192 tokens, m | 10/10 at 5% of pages | dense 9/10 | - | CPU1 (AVX2) | ccc | 2026-01-04 |" in needle
     readme = f"# Title\n\n{START}\nold\n{END}\n\nafter\n"
     new = rewrite_readme(readme, results)
-    assert new.startswith(f"# Title\n\n{START}\n| measurement") and new.endswith(f"{END}\n\nafter\n")
+    assert new.startswith(f"# Title\n\n{START}\n| result") and new.endswith(f"{END}\n\nafter\n")
     assert rewrite_readme(new, results) == new
     with pytest.raises(ValueError, match="markers"):
         rewrite_readme("# no markers\n", results)

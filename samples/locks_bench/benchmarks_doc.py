@@ -76,7 +76,8 @@ def machine_text(machine) -> str:
 def first_command(cmds) -> str:
     """The first command of a result's ``command`` (a list of statements or one), as a code span; ``+ more`` when
     further commands follow (BENCHMARKS.md lists them all)."""
-    cmds = [cmds] if isinstance(cmds, str) or (isinstance(cmds, list) and cmds and " " not in cmds[0]) else cmds
+    argv = isinstance(cmds, list) and cmds and all(isinstance(w, str) and " " not in w for w in cmds)
+    cmds = [cmds] if isinstance(cmds, str) or argv else list(cmds or [])
     text = command_text(cmds[0]).split(", then")[0] if cmds else ""
     return f"`{text}`" + (" + more" if len(cmds) > 1 or ", then" in command_text(cmds[0]) else "")
 
