@@ -15,6 +15,7 @@ from locks_bench.results import command_text
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 #: the summary files, in the order of BENCHMARKS.md, with the list of rows each holds
 SECTIONS = (("e2e.json", "rows", "End to end in vLLM (TPOT, ms)"), ("kernels.json", "rows", "Decode kernels (ms)"),
+            ("decode_step_ab.json", "rows", "Decode step, kernels before and after the one-kernel-per-stage refactor (ms)"),
             ("score.json", "rows", "Score kernel (ms)"), ("select.json", "runs", "Selection kernel"),
             ("build.json", "rows", "Summary build kernel (ms)"), ("fidelity.json", "needle", "Needle in a haystack"),
             ("needle_multiturn.json", "summary", "Multi-turn needles"), ("cpu_decode.json", "runs", "CPU decode"),
