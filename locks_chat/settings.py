@@ -1,9 +1,10 @@
 """User settings (a TOML file in the user config directory) and the user directories.
 
 ``$LOCKS_CHAT_HOME`` overrides the base of every directory (tests point it at ``tmp_path``): settings then live in
-``$LOCKS_CHAT_HOME/config/settings.toml`` and data (sessions, exports) in ``$LOCKS_CHAT_HOME/data``; otherwise
-the platform's directories (``platformdirs``) are used. A missing or unreadable settings file gives the
-defaults (with a warning for an unreadable one); the file is rewritten whole, atomically, on every change.
+``$LOCKS_CHAT_HOME/config/settings.toml``, data (sessions, exports) in ``$LOCKS_CHAT_HOME/data`` and the converted
+built-in model in ``$LOCKS_CHAT_HOME/models``; otherwise the platform's directories (``platformdirs``) are used.
+A missing or unreadable settings file gives the defaults (with a warning for an unreadable one); the file is
+rewritten whole, atomically, on every change.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def data_dir() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir(APP_NAME))
+
+
+def model_cache_dir() -> Path:
+    """Where the built-in model is converted into once (``$LOCKS_CHAT_HOME/models``; else the engine's default,
+    ``locks_engine.models.default_cache_dir``)."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / "models"
+    from locks_engine.models import default_cache_dir
+
+    return default_cache_dir()
 
 
 def settings_path() -> Path:

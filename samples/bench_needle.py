@@ -85,7 +85,7 @@ def carrier(records: list[dict], needle: tuple[int, int], page_size: int) -> tup
 
 
 def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: float, log) -> list[dict]:
-    from locks_engine.vllm_backend.runner import EngineOptions, LocksEngine
+    from locks_engine.engine import EngineOptions, LocksEngine
 
     pages = context // 16
     budget = max(3, round(pages * budget_frac)) * 16

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from locks_engine.vllm_backend.runner import EngineOptions, LocksEngine
+    from locks_engine.engine import EngineOptions, LocksEngine
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
