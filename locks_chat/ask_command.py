@@ -12,15 +12,6 @@ from rich.console import Console
 from locks_chat.errors import Cancelled, LocksChatError
 
 
-def _config(budget: int, rank: int, dense: bool):
-    from locks_engine.config import LocksConfig
-
-    try:
-        return LocksConfig(budget=budget, rank=rank, dense=dense)
-    except ValueError as err:
-        raise LocksChatError(f"{err}".replace("LocksConfig.", "--")) from err
-
-
 def stdout_open() -> bool:
     """Whether file descriptor 1 is open (``>&-`` closes it; vLLM's processes would inherit it closed too)."""
     import os
@@ -48,12 +39,13 @@ def run_ask(
     from locks_chat.ask import ask, fitting_prompt
     from locks_chat.engine import open_engine, open_tokenizer
     from locks_chat.ingest import load_document, rich_progress
+    from locks_chat.settings import locks_config
 
     if not question.strip():
         raise LocksChatError("the question is empty: ask something, e.g. \"Who is the narrator?\"")
     if not stdout_open():
         raise LocksChatError("stdout is closed: the answer has nowhere to go; redirect it (> answer.txt) instead")
-    cfg = _config(budget, rank, dense)
+    cfg = locks_config(budget, rank, dense, name_prefix="--")
     with rich_progress(f"Reading {doc.name}", console=console) as progress:
         document = load_document(doc, password=password, pages=pages, progress=progress)
     for warning in document.warnings:

@@ -41,7 +41,7 @@ def run_chat(
     settings = settings.with_overrides(
         model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context
     )
-    settings.locks_config()
+    locks = settings.locks_config()
     check_document(doc, password=password, pages=pages)
     # a model that is not there, or a context past the model's, is refused here in one line, as ask does, not
     # after the screen opened and the engine started (the built-in model not yet converted waits for the app)
@@ -50,7 +50,7 @@ def run_chat(
         raise LocksChatError(
             "the chat app needs a terminal (stdin and stdout); in scripts use: locks-chat ask FILE \"question\""
         )
-    options = ChatOptions(settings=settings, pages=pages, password=password, new_session=new)
+    options = ChatOptions(settings=settings, pages=pages, password=password, new_session=new, locks=locks)
     with engine_output_to(writable_engine_log()):
         app = build_app(doc, options, warnings=tuple(warnings))
         app.run()

@@ -180,19 +180,15 @@ def with_default_command(args: list[str]) -> list[str]:
     return args
 
 
-def _click_class(name: str) -> type[Exception]:
-    """One of click's exception classes, as Typer raises them (Typer 0.29 carries its own copy of click)."""
-    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
-
-
 def main() -> None:
     """Console-script entry point. Usage errors (a bad option value, an unknown option, a missing argument) are
     one line on stderr too, naming the help to read, with exit code 2; a command group given no command prints
-    its help (exit code 0)."""
+    its help (exit code 0). Usage errors are caught through Typer's public ``typer.TyperException``, the base of
+    the click exceptions Typer raises (Typer 0.29 carries its own copy of click)."""
     raise_on_sigterm()
     try:
         code = app(args=with_default_command(sys.argv[1:]), prog_name="locks-chat", standalone_mode=False)
-    except _click_class("ClickException") as err:
+    except typer.TyperException as err:
         ctx = getattr(err, "ctx", None)
         if type(err).__name__ == "NoArgsIsHelpError":
             sys.exit(0)  # Typer printed the help before raising

@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from locks_chat import errors
@@ -17,7 +18,7 @@ from locks_chat.errors import EngineError
 
 
 class ChatEngine(Protocol):
-    """What the CLI and the TUI need from an engine (``locks_engine.vllm_backend.runner.LocksEngine``)."""
+    """What the CLI and the TUI need from an engine (``locks_engine.engine.LocksEngine``)."""
 
     tokenizer: Any
     max_context: int
@@ -40,7 +41,7 @@ def quiet_vllm_logging() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
-def engine_log_path():
+def engine_log_path() -> Path:
     """Where vLLM's engine processes write their logs and tracebacks (``logs/engine.log`` in the user data
     directory), off the terminal."""
     from locks_chat.settings import data_dir
@@ -51,51 +52,89 @@ def engine_log_path():
 def open_engine(model: str | None, locks: Any, max_model_len: int | None = None) -> ChatEngine:
     """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores); its processes log to :func:`engine_log_path`.
 
+    A Ctrl+C or SIGTERM during the start is held until vLLM is up or has failed (vLLM's start cannot be
+    interrupted safely: ``locks_chat.signals.interrupts_held``), the engine is closed, and the signal goes to the
+    process's own handler (KeyboardInterrupt for Ctrl+C, ``Terminated`` for SIGTERM under the CLI).
+
+    Args:
+        model (str | None): the ``--model`` value (``None``: the built-in model, converted into
+            :func:`locks_chat.settings.model_cache_dir`).
+        locks (LocksConfig): the LOCKS configuration, built and validated once by the caller.
+        max_model_len (int | None): ``--context``; ``None``: the model's.
     Raises:
         ModelPathError: ``model`` is a local path that does not exist or is not a model directory (exit 2).
         HomeDirError: the model cache or the engine log cannot be written (exit 2).
         EngineError: vLLM is not installed, the model cannot be installed or converted, or the engine fails.
     """
+    from locks_chat.settings import model_cache_dir
+
     quiet_vllm_logging()
     try:
+        from locks_engine.engine import EngineOptions, EngineStartError
         from locks_engine.models import CacheDirError, ModelError, ModelPathError
-        from locks_engine.vllm_backend.runner import (
-            EngineOptions,
-            EngineStartError,
-            LocksEngine,
-        )
     except ImportError as err:
         raise EngineError(f"the engine is not installed ({err.name} missing): run the install command from the README") from err
     log = writable_engine_log()
+    options = EngineOptions(model=model, model_cache_dir=str(model_cache_dir()), locks=locks,
+                            max_model_len=max_model_len)
     try:
-        return LocksEngine(EngineOptions(model=model, locks=locks, max_model_len=max_model_len, engine_log=str(log)))
+        return _start_holding_signals(options, log)
     except ModelPathError as err:
         raise errors.ModelPathError(str(err)) from err
     except CacheDirError as err:
-        raise errors.HomeDirError(str(err)) from err
+        raise errors.HomeDirError.unwritable("the model cache", err.cache_dir, err.reason) from err
     except (ModelError, EngineStartError) as err:
         raise EngineError(str(err)) from err
 
 
-def writable_engine_log():
+def _start_holding_signals(options: Any, log: Path) -> Any:
+    """``LocksEngine(options)`` with Ctrl+C and SIGTERM held and vLLM's child processes quiet (their SIGINT
+    ignored, their stderr in ``log``); a start failure names ``log``, where vLLM's root cause is.
+
+    Raises:
+        EngineStartError: the engine did not start, or a held signal stopped it (after the process's handler
+            returned). KeyboardInterrupt, Terminated: the held signal, redelivered once the engine is closed.
+    """
+    import signal
+
+    from locks_chat.signals import children_start_quiet, interrupts_held
+    from locks_engine.engine import EngineStartError, LocksEngine
+    from locks_engine.vllm_backend.plugin import APP_SIGINT_ENV
+
+    # Ctrl+C is the app's: vLLM's engine core and workers leave SIGINT alone (the plugin reads this)
+    os.environ[APP_SIGINT_ENV] = "1"
+    engine = None
+    with interrupts_held() as held, children_start_quiet(log):
+        try:
+            engine = LocksEngine(options)
+        except EngineStartError as err:
+            if not held.is_set():  # with a held signal the signal is the reason (the engine core took it too)
+                message = str(err)
+                cited = message.replace("See root cause above", f"See the engine log, {log}")
+                raise EngineStartError(cited if cited != message else f"{message} (engine log: {log})") from err
+    if held.is_set():
+        if engine is not None:
+            engine.close()
+        held.redeliver()
+        # the process's handler returned: the engine is closed all the same
+        raise EngineStartError(f"the engine start was stopped by {signal.Signals(held.signum).name}")
+    return engine
+
+
+def writable_engine_log() -> Path:
     """:func:`engine_log_path`, its directory created and the file opened for appending once, so that an
     unwritable data directory is said before a 15-75 s engine start (vLLM's children would fail on it).
 
     Raises:
         HomeDirError: the log cannot be created or appended to (exit 2).
     """
-    from locks_engine.models import HOME_ENV
-
     log = engine_log_path()
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab"):
             pass
     except OSError as err:
-        raise errors.HomeDirError(
-            f"cannot write the engine log {log}: {err.strerror or err}; make that directory writable or set "
-            f"{HOME_ENV} to a writable directory"
-        ) from err
+        raise errors.HomeDirError.unwritable("the engine log", log, str(err.strerror or err)) from err
     return log
 
 
@@ -129,6 +168,7 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
         ContextError: ``max_model_len`` is more than the model's context (``config.json``) and
             ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is not set (exit 2).
     """
+    from locks_chat.settings import model_cache_dir
     from locks_engine.models import (
         CacheDirError,
         ModelError,
@@ -138,11 +178,11 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
     )
 
     try:
-        model_dir = local_model_dir(model, convert)
+        model_dir = local_model_dir(model, convert, model_cache_dir())
     except ModelPathError as err:
         raise errors.ModelPathError(str(err)) from err
     except CacheDirError as err:
-        raise errors.HomeDirError(str(err)) from err
+        raise errors.HomeDirError.unwritable("the model cache", err.cache_dir, err.reason) from err
     except ModelError as err:
         raise EngineError(str(err)) from err
     if model_dir is None:

@@ -70,6 +70,14 @@ class HomeDirError(LocksChatError):
     """A directory locks-chat must write (model cache, engine log, sessions) is read-only or not permitted: the
     user's environment, fixed by making it writable or pointing ``LOCKS_CHAT_HOME`` elsewhere (exit code 2)."""
 
+    @classmethod
+    def unwritable(cls, what: str, path: object, reason: str) -> "HomeDirError":
+        """``cannot write the model cache /ro/models: Read-only file system; make it writable or set
+        LOCKS_CHAT_HOME to a writable directory`` for ``what`` = ``the model cache``."""
+        from locks_chat.settings import HOME_ENV
+
+        return cls(f"cannot write {what} {path}: {reason}; make it writable or set {HOME_ENV} to a writable directory")
+
 
 class EngineError(LocksChatError):
     """The engine failed to start or to generate (exit code 3)."""

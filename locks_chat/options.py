@@ -9,9 +9,10 @@ import typer
 
 from locks_engine.config import LocksConfig
 
+#: the LOCKS settings the command line does not change (page size, sink and recent pages)
 _DEFAULTS = LocksConfig()
 #: the smallest budget LOCKS takes: the pages every step reads (sink, recent and the last page), in tokens
-MIN_BUDGET = (_DEFAULTS.sink_pages + _DEFAULTS.recent_pages + 1) * _DEFAULTS.page_size
+MIN_BUDGET = _DEFAULTS.min_budget
 
 Doc = Annotated[
     Path,
@@ -66,7 +67,12 @@ Budget = Annotated[
 ]
 Rank = Annotated[
     int,
-    typer.Option("--rank", help="Rank r of each KV page's key summary (at most the page's 16 tokens).", min=1, max=16),
+    typer.Option(
+        "--rank",
+        help=f"Rank r of each KV page's key summary (at most the page's {_DEFAULTS.page_size} tokens).",
+        min=1,
+        max=_DEFAULTS.page_size,
+    ),
 ]
 Dense = Annotated[bool, typer.Option("--dense", help="Read every KV page (dense attention), for A/B runs.")]
 DenseSwitch = Annotated[

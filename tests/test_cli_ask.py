@@ -1,6 +1,7 @@
 """``locks-chat ask`` through Typer's CliRunner with a scripted engine: output, JSON, exit codes."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -266,15 +267,15 @@ def test_a_reader_that_closes_the_pipe_stops_the_answer_quietly(book, engine, mo
 def test_an_unwritable_model_cache_is_bad_input_in_one_line(book, monkeypatch):
     from locks_engine import models
 
-    def unwritable(model, convert=True):
-        raise models.CacheDirError("cannot write the model cache /ro/models: Read-only file system; make it "
-                                   "writable or set LOCKS_CHAT_HOME to a writable directory")
+    def unwritable(model, convert=True, cache_dir=None):
+        raise models.CacheDirError(Path("/ro/models"), "Read-only file system")
 
     monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
     monkeypatch.setattr(models, "local_model_dir", unwritable)
     monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 2 and "cannot write the model cache /ro/models" in result.stderr
+    assert "set LOCKS_CHAT_HOME to a writable directory" in result.stderr, "the app names its own directory"
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,12 @@ def test_locks_engine_imports_neither_triton_nor_vllm():
     assert not {m for m in loaded if m.split(".")[0] in {"triton", "vllm", "transformers"}}
 
 
+def test_the_engine_driver_imports_no_vllm_until_an_engine_starts():
+    loaded = _modules_after("import locks_engine.engine, locks_engine.models")
+    assert "locks_engine.engine" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in {"triton", "vllm", "transformers", "locks_chat"}}
+
+
 def test_locks_chat_does_not_start_an_engine():
     loaded = _modules_after("import locks_chat")
     assert not {m for m in loaded if m.split(".")[0] in {"vllm", "triton"}}

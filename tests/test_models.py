@@ -16,7 +16,8 @@ from locks_engine.models import ModelError, resolve_model
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
-    monkeypatch.setenv(models.HOME_ENV, str(tmp_path / "home"))
+    """The default model cache is ``home / "models"`` (the user's cache directory stays untouched)."""
+    monkeypatch.setattr(models, "default_cache_dir", lambda: tmp_path / "home" / "models")
     return tmp_path / "home"
 
 
@@ -176,5 +177,18 @@ def test_an_unwritable_model_cache_is_a_cache_dir_error(tmp_path):
 
     blocker = tmp_path / "home-is-a-file"
     blocker.write_text("")
-    with pytest.raises(CacheDirError, match="cannot write the model cache .*home-is-a-file.*LOCKS_CHAT_HOME"):
+    with pytest.raises(CacheDirError, match="cannot write the model cache .*home-is-a-file.*make it writable") as err:
         convert_gguf(tmp_path / "model.gguf", blocker / "models" / "builtin")
+    assert err.value.cache_dir == blocker / "models" and "LOCKS_CHAT_HOME" not in str(err.value)
+
+
+def test_the_cache_dir_is_the_callers(monkeypatch, home, tmp_path):
+    """The built-in model converts into the directory the caller names, and is found there again."""
+    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    cache = tmp_path / "app-cache"
+    assert models.local_model_dir(None, convert=False, cache_dir=cache) is None
+    converted = resolve_model(None, cache_dir=cache)
+    assert converted == cache / models.BUILTIN_DIR_NAME and (converted / "config.json").is_file()
+    assert models.local_model_dir("builtin", convert=False, cache_dir=cache) == converted
+    assert not (home / "models").exists()

@@ -16,6 +16,7 @@ from locks_chat.tui.screens.chat import ChatScreen
 from locks_chat.tui.widgets.page_strip import PageStrip
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.turn_view import TurnView
+from locks_engine.config import LocksConfig
 from tests.fakes import FakeEngine, WordTokenizer
 from tests.tui_support import Factory, GatedEngine, notices, until, write_book
 
@@ -351,7 +352,7 @@ async def test_budget_panel_says_when_every_page_is_read_past_the_budget(pages_r
 
     async with One().run_test() as pilot:
         panel = pilot.app.query_one(BudgetPanel)
-        panel.settings = Settings(budget=1024)
+        panel.locks = LocksConfig(budget=1024)
         panel.show_step(StepReading(1167, pages_read, 73 * 6, ()))
         await pilot.pause()
         assert ("every page read: fewer bytes" in str(panel.render())) == every_page

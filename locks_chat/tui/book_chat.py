@@ -23,6 +23,7 @@ from locks_chat.settings import Settings, load_settings, save_settings
 from locks_chat.transcript import export_transcript
 from locks_chat.tui.meter import EngineTick, MeteredEngine
 from locks_chat.tui.timings import load_timings, save_timings
+from locks_engine.config import LocksConfig
 
 EngineFactory = Callable[[str | None, Any, int | None], Any]
 """``open_engine(model, locks_config, max_model_len) -> ChatEngine``"""
@@ -45,6 +46,13 @@ class ChatOptions:
     password: str | None = None
     new_session: bool = False
     """start a new conversation instead of resuming the book's latest one"""
+    locks: LocksConfig | None = None
+    """the LOCKS configuration of ``settings``, built once where the settings were (``Settings.locks_config``);
+    ``None``: built from ``settings`` here"""
+
+    def __post_init__(self) -> None:
+        if self.locks is None:
+            object.__setattr__(self, "locks", self.settings.locks_config())
 
 
 def default_engine_factory(model: str | None, locks: Any, max_model_len: int | None) -> Any:
@@ -75,6 +83,8 @@ class BookChat:
         self.path = Path(path)
         self.options = options
         self.settings = options.settings
+        self.locks: LocksConfig = options.locks
+        """the LOCKS configuration of ``settings``: the engine's, the panels'"""
         self.pages = options.pages
         self.engine_factory = engine_factory or default_engine_factory
         # a scripted engine brings its own tokenizer: the real model's is only asked for with the real engine
@@ -125,14 +135,16 @@ class BookChat:
             self.store.set_pages(self.session.id, pages)
         return document
 
-    def start_engine(self, settings: Settings | None = None) -> float:
-        """(Re)start the engine with ``settings`` (default: the current ones); returns the seconds it took.
+    def start_engine(self, settings: Settings | None = None, locks: LocksConfig | None = None) -> float:
+        """(Re)start the engine with ``settings`` and their ``locks`` (default: the current ones, else both
+        given, ``locks`` built once by the caller); returns the seconds it took.
 
         Raises:
-            LocksChatError: a setting LOCKS refuses. EngineError: the engine did not start.
+            EngineError: the engine did not start.
         """
-        settings = settings or self.settings
-        locks = settings.locks_config()
+        if settings is None:
+            settings, locks = self.settings, self.locks
+        assert locks is not None, "new settings come with their LocksConfig"
         with self._engine_lock:
             old, self.engine = self.engine, None
             if old is not None:
@@ -142,7 +154,7 @@ class BookChat:
             if self._closed:
                 engine.close()
                 raise EngineError("the app closed while the engine was starting")
-            self.engine, self.settings = engine, settings
+            self.engine, self.settings, self.locks = engine, settings, locks
             self.timings.engine_start_s = time.monotonic() - start
             save_timings(self.timings)
             return self.timings.engine_start_s
@@ -181,7 +193,7 @@ class BookChat:
 
     def mode(self) -> str:
         """The attention setting answers are made with: ``LOCKS budget 2048, rank 8`` or ``dense``."""
-        return "dense" if self.settings.dense else f"LOCKS budget {self.settings.budget}, rank {self.settings.rank}"
+        return "dense" if self.locks.dense else f"LOCKS budget {self.locks.budget}, rank {self.locks.rank}"
 
     def answer(
         self, question: str, cancel: threading.Event, on_text: Callable[[str], None],

@@ -36,6 +36,7 @@ from locks_chat.errors import (
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
+from locks_engine.config import LocksConfig
 from locks_chat.transcript import turn_stats_text
 from locks_chat.tui.background import Abandoned, abandonable
 from locks_chat.tui.book_chat import BookChat
@@ -93,7 +94,8 @@ class ChatScreen(Screen):
 
     @dataclass
     class EngineReady(Message):
-        settings: Settings
+        locks: LocksConfig
+        """the LOCKS configuration the engine runs with"""
         seconds: float
 
     @dataclass
@@ -140,10 +142,10 @@ class ChatScreen(Screen):
         self.fit_panels(self.app.size.width)
         self.set_interval(DRAIN_PERIOD_S, self._request_drain)
         self.app.sub_title = self.chat.path.name
-        self.panels.set_settings(self.chat.settings)
+        self.panels.set_locks(self.chat.locks)
         self.query_one(PromptInput).focus()
         self.load(self.chat.options.pages, first=True)
-        self.start_engine(self.chat.settings, None)
+        self.start_engine(self.chat.settings, self.chat.locks, None)
 
     def on_resize(self, event: events.Resize) -> None:
         self.fit_panels(event.size.width)
@@ -210,19 +212,20 @@ class ChatScreen(Screen):
             pass
         return ""
 
-    def start_engine(self, settings: Settings, note: str | None) -> None:
+    def start_engine(self, settings: Settings, locks: LocksConfig, note: str | None) -> None:
+        """(Re)start the engine in a worker with ``settings`` and their ``locks``, built once by the caller."""
         self.engine_starting.set()
         expected = self.chat.timings.engine_start_s
         self.panels.progress.begin("engine", note or "Starting the engine (vLLM + LOCKS)", expected_s=expected)
-        self._start_engine(settings, note is not None)
+        self._start_engine(settings, locks, note is not None)
 
     @work(thread=True, exclusive=True, group="engine")
-    def _start_engine(self, settings: Settings, persist: bool) -> None:
+    def _start_engine(self, settings: Settings, locks: LocksConfig, persist: bool) -> None:
         try:
-            seconds = abandonable(self.chat.start_engine, settings)
+            seconds = abandonable(self.chat.start_engine, settings, locks)
             if persist:
                 self.chat.persist(budget=settings.budget, rank=settings.rank, dense=settings.dense)
-            message: Message = self.EngineReady(settings, seconds)
+            message: Message = self.EngineReady(locks, seconds)
         except Abandoned:
             return
         except Exception as err:  # noqa: BLE001
@@ -322,7 +325,7 @@ class ChatScreen(Screen):
     def on_chat_screen_engine_ready(self, message: EngineReady) -> None:
         self.panels.progress.end("engine")
         self.notify(f"Engine ready in {message.seconds:.0f} s: {self.chat.mode()}")
-        self.panels.set_settings(message.settings, getattr(self.chat.engine, "max_context", None))
+        self.panels.set_locks(message.locks, getattr(self.chat.engine, "max_context", None))
         self._ready_or_waiting()
 
     def on_chat_screen_failed(self, message: Failed) -> None:

@@ -54,11 +54,11 @@ class ChatCommands:
         current = self.chat.settings
         value = not current.dense if command.name == "dense" and command.value is None else command.value
         settings = current.with_overrides(**{command.name: value})
-        settings.locks_config()
+        locks = settings.locks_config()
         what = {
             "budget": f"budget {settings.budget} tokens",
             "rank": f"rank {settings.rank}",
             "dense": "dense attention" if settings.dense else "LOCKS sparse attention",
         }[command.name]
         self.screen.notify(f"{what}: restarting the engine, as vLLM reads these settings only when it starts")
-        self.screen.start_engine(settings, f"Restarting the engine with {what}")
+        self.screen.start_engine(settings, locks, f"Restarting the engine with {what}")

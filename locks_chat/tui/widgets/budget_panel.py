@@ -5,25 +5,24 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from locks_chat.reading import StepReading
-from locks_chat.settings import Settings
-
-PAGE_SIZE = 16
-"""B: tokens per KV page (``LocksConfig.page_size``; the chat does not change it)"""
+from locks_engine.config import LocksConfig
 
 
 class BudgetPanel(Static):
-    """Budget and rank in use, and the latest step's reading against the total."""
+    """Budget and rank in use (the engine's ``LocksConfig``: page size included), and the latest step's reading
+    against the total."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
-        self.settings = Settings()
+        self.locks = LocksConfig()
         self.reading: StepReading | None = None
         self.doc_pages_total = 0
         self.max_context: int | None = None
         self._read = self._total = 0
 
-    def set_settings(self, settings: Settings, max_context: int | None = None) -> None:
-        self.settings, self.max_context = settings, max_context or self.max_context
+    def set_locks(self, locks: LocksConfig, max_context: int | None = None) -> None:
+        """Show the configuration the engine runs with (``max_context``: its context in tokens, once known)."""
+        self.locks, self.max_context = locks, max_context or self.max_context
         self._show()
 
     def set_document_pages(self, pages: int) -> None:
@@ -42,26 +41,26 @@ class BudgetPanel(Static):
         self._show()
 
     def _show(self) -> None:
-        s = self.settings
-        if s.dense:
+        cfg, page_size = self.locks, self.locks.page_size
+        if cfg.dense:
             lines = ["[b]dense[/]: every KV page read (A/B against LOCKS)"]
         else:
-            pages = s.budget // PAGE_SIZE
-            lines = [f"[b]LOCKS[/] budget [b]{s.budget:,}[/] tokens ({pages} KV pages) per head, rank [b]{s.rank}[/]"]
+            lines = [f"[b]LOCKS[/] budget [b]{cfg.budget:,}[/] tokens ({cfg.budget_pages} KV pages) per head, "
+                     f"rank [b]{cfg.rank}[/]"]
         r = self.reading
         if r is None:
             lines.append("no decode step yet")
         else:
-            kv_pages = -(-r.seq_len // PAGE_SIZE)
+            kv_pages = -(-r.seq_len // page_size)
             pairs = max(1, r.pages_total // max(1, kv_pages))
             per_head = r.pages_read / pairs
             # every step reads the last KV page, which holds only seq_len - (kv_pages - 1) * B tokens
-            tokens = max(0.0, per_head * PAGE_SIZE - (kv_pages * PAGE_SIZE - r.seq_len))
+            tokens = max(0.0, per_head * page_size - (kv_pages * page_size - r.seq_len))
             lines.append(
                 f"read [b]{tokens:,.0f}[/] of {r.seq_len:,} tokens per head "
                 f"({per_head:,.0f} of {kv_pages:,} KV pages, {r.pages_read / max(1, r.pages_total):.0%})"
             )
-            if not s.dense and per_head > s.budget // PAGE_SIZE:
+            if not cfg.dense and per_head > cfg.budget_pages:
                 # the backend reads every page where summaries of every page plus the budget would cost more
                 lines.append("every page read: fewer bytes than the summaries plus the budget")
             lines.append(f"document pages read: [b]{len(r.doc_pages)}[/] of {self.doc_pages_total}")

@@ -7,13 +7,13 @@ from textual.containers import Vertical, VerticalScroll
 
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
-from locks_chat.settings import Settings
 from locks_chat.tui.meter import EngineTick
 from locks_chat.tui.widgets.budget_panel import BudgetPanel
 from locks_chat.tui.widgets.latency_panel import LatencyPanel
 from locks_chat.tui.widgets.memory_panel import MemoryPanel
 from locks_chat.tui.widgets.page_strip import PageStrip
 from locks_chat.tui.widgets.progress_panel import ProgressPanel
+from locks_engine.config import LocksConfig
 
 
 class ReadingPanels(Vertical):
@@ -53,8 +53,8 @@ class ReadingPanels(Vertical):
         self.query_one(PageStrip).set_document(document)
         self.query_one(BudgetPanel).set_document_pages(len(document.pages))
 
-    def set_settings(self, settings: Settings, max_context: int | None = None) -> None:
-        self.query_one(BudgetPanel).set_settings(settings, max_context)
+    def set_locks(self, locks: LocksConfig, max_context: int | None = None) -> None:
+        self.query_one(BudgetPanel).set_locks(locks, max_context)
 
     def new_answer(self) -> None:
         """Clear the per-answer panels as a question goes to the engine."""

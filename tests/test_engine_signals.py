@@ -1,6 +1,7 @@
-"""Ctrl+C and SIGTERM while the engine starts (``runner.interrupts_held``, ``runner.children_start_quiet``)
-and while it streams (``LocksEngine.stream``), without vLLM: real signals to this process, a real child process,
-a scripted ``LLMEngine``."""
+"""Ctrl+C and SIGTERM while the engine starts (``locks_chat.signals.interrupts_held``,
+``locks_chat.signals.children_start_quiet``, the start ``locks_chat.engine`` wraps in both) and while it streams
+(``locks_engine.engine.LocksEngine.stream``), without vLLM: real signals to this process, a real child process, a
+scripted ``LLMEngine``."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from locks_chat.signals import Terminated, raise_on_sigterm
-from locks_engine.vllm_backend.runner import LocksEngine, children_start_quiet, interrupts_held
+from locks_chat.signals import Terminated, children_start_quiet, interrupts_held, raise_on_sigterm
+from locks_engine.engine import LocksEngine
 
 
 def _report_sigint_disposition(queue) -> None:
@@ -164,3 +165,56 @@ def test_an_interrupt_aborts_the_request_and_waits_for_it():
         for _ in scripted_engine(llm).stream([1, 2, 3], max_tokens=50):
             pass
     assert llm.aborted == [llm.rid] and not llm.unfinished
+
+
+class SignalledStart:
+    """``LocksEngine`` stand-in whose start takes a signal half-way (``signum``), then comes up or fails."""
+
+    signum: int = signal.SIGINT
+    fails: bool = False
+    closed: list = []
+
+    def __init__(self, options) -> None:
+        os.kill(os.getpid(), self.signum)
+        time.sleep(0.05)
+        if self.fails:
+            from locks_engine.engine import EngineStartError
+
+            raise EngineStartError("the engine did not start: EngineCore died. See root cause above.")
+
+    def close(self) -> None:
+        SignalledStart.closed.append(self)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["came_up", "failed"])
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_the_app_holds_a_signal_during_the_start_and_redelivers_it(signum, raised, fails, sigterm_raises,
+                                                                   monkeypatch, tmp_path):
+    import locks_engine.engine
+    from locks_chat.engine import _start_holding_signals
+    from locks_engine.vllm_backend.plugin import APP_SIGINT_ENV
+
+    monkeypatch.setattr(SignalledStart, "signum", signum)
+    monkeypatch.setattr(SignalledStart, "fails", fails)
+    monkeypatch.setattr(SignalledStart, "closed", [])
+    monkeypatch.setattr(locks_engine.engine, "LocksEngine", SignalledStart)
+    monkeypatch.delenv(APP_SIGINT_ENV, raising=False)
+    with pytest.raises(raised):
+        _start_holding_signals(object(), tmp_path / "engine.log")
+    assert len(SignalledStart.closed) == (0 if fails else 1), "an engine that came up is closed before the signal"
+    assert os.environ[APP_SIGINT_ENV] == "1", "vLLM's child processes are told to leave SIGINT to the app"
+
+
+def test_a_failed_start_names_the_engine_log(monkeypatch, tmp_path):
+    import locks_engine.engine
+    from locks_chat.engine import _start_holding_signals
+    from locks_engine.engine import EngineStartError
+
+    class Fails:
+        def __init__(self, options):
+            raise EngineStartError("the engine did not start: EngineCore died. See root cause above.")
+
+    monkeypatch.setattr(locks_engine.engine, "LocksEngine", Fails)
+    log = tmp_path / "engine.log"
+    with pytest.raises(EngineStartError, match=f"EngineCore died. See the engine log, {log}"):
+        _start_holding_signals(object(), log)
