@@ -46,6 +46,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,6 +55,7 @@ from pathlib import Path
 
 from locks_bench import e2e_fit
 from locks_bench.e2e import (
+    BACKENDS,
     backend_name,
     build_parser,
     child_args,
