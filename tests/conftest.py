@@ -1,7 +1,14 @@
 """Shared fixtures: every test gets its own user directory (``LOCKS_CHAT_HOME``); the built-in model's directory
 for the real-engine tests (skipped when it cannot be installed)."""
 
+import signal
+
 import pytest
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # a shell without job control starts background jobs with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler; the signal tests need the handler an interactive start gives
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
