@@ -4,6 +4,8 @@ vLLM calls ``register()`` in the API process, the engine core and every worker, 
 before any configuration exists: it must be idempotent, cheap and driven by the environment alone.
 
 - Always: ``AttentionBackendEnum.CUSTOM`` -> LOCKS (select it with ``attention_backend="CUSTOM"`` on GPU).
+- On CUDA: vLLM's KV cache share leaves room for the page summaries of an engine that runs LOCKS
+  (``memory.reserve_summaries``).
 - On vLLM's CPU platform, which ignores the selection and always takes ``CPU_ATTN``: ``CPU_ATTN`` -> LOCKS too,
   unless ``LOCKS_OVERRIDE_CPU_ATTN=0`` (then vLLM's own CPU backend runs: the reference in tests).
 - In vLLM's child processes (engine core, workers) of an engine the app drives (``LOCKS_APP_OWNS_SIGINT=1``,
@@ -48,6 +50,10 @@ def register() -> None:
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
     leave_sigint_to_the_app()
+    if current_platform.is_cuda():
+        from locks_engine.vllm_backend.memory import reserve_summaries
+
+        reserve_summaries()
     if current_platform.is_cpu():
         if override_cpu_attn():
             register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)

@@ -1,0 +1,76 @@
+"""KV cache sizing on CUDA with the page summaries reserved.
+
+vLLM sizes the KV cache from ``gpu_memory_utilization``: ``Worker.determine_available_memory``
+(``vllm/v1/worker/gpu_worker.py``) profiles a forward pass and hands the rest of the requested share to the KV
+cache. LOCKS' page summaries live beside the cache (``impl._summaries``), outside that profile, and take
+``f = summary_fraction`` of its bytes (0.176 for ``colwise8`` at r = 8, B = 16, D = 128, bf16). Without a
+reserve the summaries would be allocated past the share, or not at all. :func:`reserve_summaries` wraps the
+worker's method once per process so that, when the engine runs LOCKS, the KV cache gets ``A / (1 + f)`` of the
+``A`` bytes vLLM found and the summaries the rest: KV cache plus summaries take what FLASH_ATTN's KV cache alone
+takes at the same ``gpu_memory_utilization``. An explicit ``kv_cache_memory_bytes`` is left as given (the
+summaries then come on top of it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def locks_summary_fraction(vllm_config) -> float:
+    """Summary bytes over K+V bytes for an engine of ``vllm_config``: 0 unless its attention backend is
+    ``CUSTOM`` (LOCKS, registered by the plugin) with summaries (not ``dense``).
+
+    Raises:
+        ValueError: ``additional_config["locks"]`` is not a valid ``LocksConfig``.
+    """
+    from locks_engine.config import LocksConfig
+    from locks_engine.ops.select import summary_fraction
+    from locks_engine.vllm_backend.metadata import CONFIG_KEY
+
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if getattr(backend, "name", None) != "CUSTOM":
+        return 0.0
+    extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+    cfg = LocksConfig.from_dict(extra.get(CONFIG_KEY) or {})
+    if cfg.dense:
+        return 0.0
+    model = vllm_config.model_config
+    return summary_fraction(cfg, model.get_head_size(), model.dtype)
+
+
+def kv_share(available_bytes: int, fraction: float) -> int:
+    """The KV cache's bytes when ``available_bytes`` hold the cache and its summaries (``fraction`` of it)."""
+    return int(available_bytes / (1.0 + fraction))
+
+
+def reserve_summaries() -> None:
+    """Wrap ``Worker.determine_available_memory`` of vLLM's CUDA worker (idempotent). Call in every process
+    (the plugin does); a process without the CUDA worker module is left alone."""
+    try:
+        from vllm.v1.worker.gpu_worker import Worker
+    except ImportError:
+        return
+    if getattr(Worker.determine_available_memory, "_locks_reserve", False):
+        return
+    determine = Worker.determine_available_memory
+
+    @functools.wraps(determine)
+    def determine_with_summaries(self) -> int:
+        available = determine(self)
+        if self.cache_config.kv_cache_memory_bytes:
+            return available
+        fraction = locks_summary_fraction(self.vllm_config)
+        if not fraction:
+            return available
+        kv = kv_share(available, fraction)
+        logger.info(
+            "LOCKS: %.2f GiB for the KV cache and %.2f GiB for its page summaries (%.1f%% of K+V) of %.2f GiB",
+            kv / 2**30, (available - kv) / 2**30, 100 * fraction, available / 2**30,
+        )
+        return kv
+
+    determine_with_summaries._locks_reserve = True
+    Worker.determine_available_memory = determine_with_summaries
