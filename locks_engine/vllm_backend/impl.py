@@ -4,7 +4,8 @@ The impl only dispatches. A KV cache on a CUDA device takes the CUDA path (``cud
 the Triton kernels); any other the CPU path (``cpu.py``: the plain-torch ops of ``locks_engine.ops``, the
 reference). The path is picked once, from the device of the first cache the layer sees. Between selection and
 attention of each decode the configured hooks run (``hooks.py``); the statistics ring, when a path is set,
-counts after attention (``step_stats.py``).
+counts after attention (``step_stats.py`` on the host; on CUDA ``device_stats.py``, on the device, inside CUDA
+graphs).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 from locks_engine.ops import allocate_page_summaries
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.vllm_backend import cpu, cuda, hooks
+from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.metadata import LocksMetadata
 
 
@@ -135,7 +137,10 @@ class LocksAttentionImpl(AttentionImpl):
             path.attend(query[:nd], kv_cache, selected, block_table, meta.seq_lens[:nd], meta, output[:nd])
             for restore in reversed(undo):
                 restore()
-        if meta.stats is not None:
+        if isinstance(meta.stats, DeviceStepStats):
+            qsl = meta.query_start_loc
+            meta.stats.count(layer_name, selected, every, meta.seq_lens[:nd], qsl[-1] - qsl[nd])
+        elif meta.stats is not None:
             self._count(meta, selected, every, layer_name == meta.last_layer_name)
         return output
 
@@ -163,7 +168,7 @@ class LocksAttentionImpl(AttentionImpl):
         return undo
 
     def _count(self, meta: LocksMetadata, selected: Tensor | None, every: bool | None, last_layer: bool) -> None:
-        """Add this layer's decode reads to the step's statistics (host syncs: no CUDA graphs with statistics);
+        """Add this layer's decode reads to the step's host statistics (CPU path; host syncs);
         the last layer flushes the step to the ring. Pages scanned by scoring: every complete page of every
         decode row, none where every page is read unscored."""
         num_pages, scored = None, 0

@@ -29,6 +29,7 @@ from locks_engine.stats import StatsRing, run_id
 from locks_engine.vllm_backend import compat, hooks
 from locks_engine.vllm_backend.cuda import check_summary_format
 from locks_engine.vllm_backend.prefill import PrefillRows
+from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.step_stats import StepStats
 
 #: ``additional_config`` keys: the LocksConfig dict, and where statistics go (``locks_engine.stats``).
@@ -58,8 +59,9 @@ class LocksMetadata:
     """`[Pn, B]` int64 cache slots of those pages' tokens."""
     prefill: PrefillRows | None
     """The rows after the decodes, or None."""
-    stats: StepStats | None
-    """Counters flushed by the last layer (``last_layer_name``), or None when no stats path is set."""
+    stats: StepStats | DeviceStepStats | None
+    """Counters closed by the last layer (``last_layer_name``): on the host (CPU path) or on the device (CUDA
+    path, inside CUDA graphs); None when no stats path is set."""
     last_layer_name: str
     """The model's last LOCKS layer (of this group): it flushes ``stats``, and hooks are told."""
 
@@ -79,10 +81,10 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        """None on CPU (plain torch ops sync with the host), nor with statistics (counted on the host in
-        ``forward``, which a replayed graph skips) or a hook whose ``cuda_graphs`` is False."""
+        """None on CPU (plain torch ops sync with the host), nor with a hook whose ``cuda_graphs`` is False.
+        Statistics keep the graphs: on CUDA they are counted on the device (``device_stats``)."""
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
-        if compat.on_cpu() or extra.get(STATS_PATH_KEY) or not hooks.graph_safe(hooks.hook_classes(extra)):
+        if compat.on_cpu() or not hooks.graph_safe(hooks.hook_classes(extra)):
             return AttentionCGSupport.NEVER
         return cls._cudagraph_support
 
@@ -107,9 +109,11 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
                                     self.block_size, allow_amx=not hooks.needs_cache_views(hook_classes))
         total, locks = check_layers(vllm_config)
         self.last_layer_name = layer_names[-1] if layer_names else ""
-        self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks)
+        self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks,
+                                      layer_names)
 
-    def _open_stats(self, path, spec, vllm_config, total: int, locks: int) -> StepStats | None:
+    def _open_stats(self, path, spec, vllm_config, total: int, locks: int, layer_names: list[str]
+                    ) -> StepStats | DeviceStepStats | None:
         """This rank's statistics ring (``locks_engine.stats``): ``rank_path(path, rank)``, with the rank, the
         tensor-parallel world size, this rank's KV heads and the run (vLLM's ``instance_id``, the same in
         every worker) in its header; None without a path or on a worker that writes none."""
@@ -129,7 +133,11 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         ring.set_layers(total, locks)
         cfg = self.cfg
         summary, kv = summary_bytes(cfg.page_size, cfg.rank, spec.head_size, cfg.summary_format, spec.dtype)
-        return StepStats(ring, page_bytes=kv, summary_page_bytes=0 if cfg.dense else summary)
+        summary = 0 if cfg.dense else summary
+        if self.on_cuda:
+            max_num_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 0) or 256)
+            return DeviceStepStats(ring, kv, summary, layer_names, spec.num_kv_heads, max_num_seqs, self.device)
+        return StepStats(ring, page_bytes=kv, summary_page_bytes=summary)
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
@@ -160,7 +168,9 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
                 query_start_loc_cpu=[s - base for s in starts[num_decodes : rows + 1]],
                 seq_lens_cpu=seq_lens_cpu[num_decodes:rows].tolist(),
             )
-        if self.stats is not None:
+        if isinstance(self.stats, DeviceStepStats):
+            self.stats.collect()  # the steps the device finished since the last build
+        elif self.stats is not None:
             self.stats.reset(seq_lens_cpu[:num_decodes].tolist(), starts[rows] - starts[num_decodes])
         return LocksMetadata(
             cfg=self.cfg,

@@ -1,0 +1,142 @@
+"""The device-side statistics of the CUDA path (``vllm_backend.device_stats``) write the same records as the
+host-side ones of the CPU path (``vllm_backend.step_stats``), and the KV cache share that leaves room for the
+summaries (``vllm_backend.memory``). Runs on the CPU, and on a CUDA device where there is one (there inside a
+CUDA graph too)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from locks_engine.stats import StatsRing
+from locks_engine.vllm_backend.device_stats import SLOTS, DeviceStepStats
+from locks_engine.vllm_backend.step_stats import StepStats
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+PAGE = 16
+LAYERS = ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]
+
+
+def _selection(gen, seq_lens: list[int], heads: int, width: int) -> torch.Tensor:
+    """int64 `[S, H, width]` distinct ascending pages of each row, ``-1`` padded (as select_pages returns)."""
+    out = torch.full((len(seq_lens), heads, width), -1, dtype=torch.int64)
+    for s, n in enumerate(seq_lens):
+        pages = -(-n // PAGE)
+        for h in range(heads):
+            k = min(width, pages, int(torch.randint(1, width + 1, (1,), generator=gen)))
+            out[s, h, :k] = torch.randperm(pages, generator=gen)[:k].sort().values
+    return out
+
+
+def _rings(tmp_path, max_pages: int):
+    host = StatsRing.create(tmp_path / "host.bin", max_pages=max_pages, page_size=PAGE, max_rows=4)
+    device = StatsRing.create(tmp_path / "device.bin", max_pages=max_pages, page_size=PAGE, max_rows=4)
+    return host, device
+
+
+def _host_step(stats: StepStats, selections, seq_lens, every: bool, prefill_tokens: int) -> None:
+    """What ``impl._count`` does per layer on the CPU path."""
+    stats.reset(seq_lens, prefill_tokens)
+    lens = torch.tensor(seq_lens, dtype=torch.long)
+    for selected in selections:
+        num_pages = (lens + PAGE - 1) // PAGE if seq_lens else None
+        scored = 0 if every else int((lens // PAGE).sum())
+        stats.add_layer(selected if seq_lens else None, num_pages, scored, 2)
+    stats.flush()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seq_lens, every", [([700, 33, 5000, 16, 129], False), ([40, 17], True), ([], False)],
+                         ids=["five_rows_past_max_rows", "every_page", "prefill_only"])
+def test_device_records_equal_host_records(tmp_path, device, seq_lens, every):
+    gen = torch.Generator().manual_seed(0)
+    host_ring, device_ring = _rings(tmp_path, max_pages=400)
+    host = StepStats(host_ring, page_bytes=4096, summary_page_bytes=720)
+    dev = DeviceStepStats(device_ring, 4096, 720, LAYERS, num_kv_heads=2, max_num_seqs=8, device=torch.device(device))
+    for step in range(3):
+        selections = [_selection(gen, seq_lens, 2, 8) for _ in LAYERS]
+        _host_step(host, selections, seq_lens, every, prefill_tokens=11 * step)
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        for name, selected in zip(LAYERS, selections):
+            dev.count(name, selected.to(device) if seq_lens else None, every, lens,
+                      torch.tensor(11 * step, dtype=torch.int32, device=device))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        assert dev.collect() == 1
+    assert host_ring.written() == device_ring.written() == 3
+    for want, got in zip(host_ring.latest(3), device_ring.latest(3)):
+        for field in ("step", "num_decodes", "num_prefill_tokens", "num_layers", "num_kv_heads", "pages_read",
+                      "pages_total", "summaries_read", "bytes_read", "bytes_dense"):
+            assert got[field] == want[field], field
+        for field in ("row_seq_len", "row_pages_read", "row_pages_total", "row_hist"):
+            np.testing.assert_array_equal(got[field], want[field], err_msg=field)
+
+
+def test_collect_appends_each_finished_step_once_and_skips_a_slot_being_copied(tmp_path):
+    _, ring = _rings(tmp_path, max_pages=64)
+    dev = DeviceStepStats(ring, 4096, 720, LAYERS[:1], num_kv_heads=1, max_num_seqs=2, device=torch.device("cpu"))
+    lens, none = torch.tensor([64], dtype=torch.int32), torch.tensor(0, dtype=torch.int32)
+    selected = torch.tensor([[[0, 3, -1]]])
+    for _ in range(3):  # the host fell behind by three steps: all three come, oldest first
+        dev.count(LAYERS[0], selected, False, lens, none)
+    assert dev.collect() == 3 and dev.collect() == 0
+    assert [r["step"] for r in ring.latest(3)] == [1, 2, 3]
+    dev.count(LAYERS[0], selected, False, lens, none)
+    dev.host_tails[4 % SLOTS] = 3  # step 4's body is copied, its tail not yet
+    assert dev.collect() == 0
+    dev.host_tails[4 % SLOTS] = 4
+    assert dev.collect() == 1 and ring.latest(1)[0]["step"] == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_replayed_cuda_graph_records_every_step(tmp_path):
+    _, ring = _rings(tmp_path, max_pages=64)
+    dev = DeviceStepStats(ring, 4096, 720, LAYERS, num_kv_heads=2, max_num_seqs=2, device=torch.device("cuda"))
+    selected = torch.tensor([[[0, 2, -1], [1, -1, -1]]], device="cuda")
+    lens = torch.tensor([40], dtype=torch.int32, device="cuda")
+    none = torch.tensor(0, dtype=torch.int32, device="cuda")
+
+    def step():
+        for name in LAYERS:
+            dev.count(name, selected, False, lens, none)
+
+    step()  # eager warm-up: allocates the selection buffer
+    torch.cuda.synchronize()
+    dev.collect()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        dev.collect()
+    records = ring.latest(6)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["pages_read"] == 3 * 3 and r["pages_total"] == 3 * 3 * 2 for r in records)
+
+
+def test_kv_share_leaves_the_summaries_their_bytes():
+    from locks_engine.vllm_backend.memory import kv_share
+
+    kv = kv_share(118 * 2**30, 0.176)
+    assert kv + int(kv * 0.176) <= 118 * 2**30 < kv + int(kv * 0.176) + 2
+
+
+def test_summary_fraction_only_for_locks_with_summaries():
+    from locks_engine.config import LocksConfig
+    from locks_engine.ops.select import summary_fraction
+    from locks_engine.vllm_backend.memory import locks_summary_fraction
+
+    def config(backend: str, locks: dict) -> SimpleNamespace:
+        model = SimpleNamespace(get_head_size=lambda: 128, dtype=torch.bfloat16)
+        return SimpleNamespace(attention_config=SimpleNamespace(backend=SimpleNamespace(name=backend)),
+                               additional_config={"locks": locks}, model_config=model)
+
+    want = summary_fraction(LocksConfig(), 128, torch.bfloat16)
+    assert 0.17 < want < 0.2
+    assert locks_summary_fraction(config("CUSTOM", {})) == pytest.approx(want)
+    assert locks_summary_fraction(config("FLASH_ATTN", {})) == 0.0
+    assert locks_summary_fraction(config("CUSTOM", {"dense": True})) == 0.0
+    with pytest.raises(ValueError, match="budget"):
+        locks_summary_fraction(config("CUSTOM", {"budget": -1}))
