@@ -30,20 +30,10 @@ from pathlib import Path
 
 from locks_bench.e2e import SHAPES, model_config, parse_ints
 from locks_bench.engines import run_engine_process
-from locks_bench.probes import install_probes, read_probes
+from locks_bench.probes import install_probes, kv_cache_bytes, read_probes
 from locks_bench.results import header
 
 CONFIGS = ("flash", "locks", "locks-nostats")
-
-
-def kv_cache_bytes(model) -> int:
-    """In the worker: bytes of the KV cache tensors the attention layers hold (each tensor counted once)."""
-    seen = {}
-    for module in model.modules():
-        for cache in getattr(module, "kv_cache", None) or []:
-            if hasattr(cache, "data_ptr") and cache.numel():
-                seen[cache.untyped_storage().data_ptr()] = cache.untyped_storage().nbytes()
-    return sum(seen.values())
 
 
 def timed(engine, prompt: list[int], tokens: int) -> tuple[float, list[dict]]:
@@ -66,7 +56,8 @@ def run_config(args: argparse.Namespace) -> dict:
     max_len = max(contexts) + n2 + 64
     model_dir = Path(args.out) / f"model-{args.shape}"
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(model_config(args.shape, None, max_len), indent=1))
+    cfg = model_config(args.shape, None, max_len)
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     options = EngineOptions(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, max_model_len=max_len,
         locks=LocksConfig(budget=args.budget, dense=args.config == "flash"), stats=args.config != "locks-nostats",
@@ -80,7 +71,7 @@ def run_config(args: argparse.Namespace) -> dict:
         result["kv_cache_bytes"] = sum(engine.llm.apply_model(kv_cache_bytes))
         rng = random.Random(0)
         for context in contexts:
-            prompt = [rng.randrange(10, 30000) for _ in range(context)]
+            prompt = [rng.randrange(10, cfg["vocab_size"]) for _ in range(context)]
             prefill_s, _ = timed(engine, prompt, 1)
             engine.llm.apply_model(read_probes)  # reset: the prefill step's calls are eager by design
             tpots, records = [], []

@@ -152,6 +152,17 @@ def read_probes(model, reset: bool = True) -> dict:
     return out
 
 
+def kv_cache_bytes(model) -> int:
+    """In the worker: bytes of the KV cache tensors the attention layers hold (each storage counted once)."""
+    storages = {}
+    for module in model.modules():
+        caches = getattr(module, "kv_cache", None)
+        for cache in [caches] if isinstance(caches, Tensor) else caches or []:  # 0.26: a list per virtual engine
+            if isinstance(cache, Tensor) and cache.numel():
+                storages[cache.untyped_storage().data_ptr()] = cache.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def reset_probes(model) -> int:
     """In the worker: zero every probe and counter (returns 0)."""
     read_probes(model, reset=True)
