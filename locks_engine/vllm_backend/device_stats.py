@@ -139,23 +139,25 @@ class DeviceStepStats:
     def collect(self) -> int:
         """Append the finished slots not yet appended to the ring, oldest first (host only; never waits for the
         device). Returns the records appended."""
-        tails = self.host_tails.tolist()
-        snapshot = self.host.clone()
-        steps = [(tail, i) for i, tail in enumerate(tails) if tail > 0 and int(snapshot[i, 0]) == tail]
+        tails = self.host_tails.numpy().copy()
         appended = 0
-        for step, i in sorted(steps):
+        for i in sorted(range(SLOTS), key=lambda i: tails[i]):
+            step = int(tails[i])
             if step <= self.collected:
                 continue
-            self._append(snapshot[i])
+            body = self.host[i].numpy().copy()
+            if int(body[0]) != step:  # being copied: next time
+                continue
+            self._append(body)
             self.collected = step
             appended += 1
         return appended
 
-    def _append(self, slot: Tensor) -> None:
-        values = slot.tolist()
-        step, decodes, prefill, read, total, summaries = values[:_HEAD]
-        rows = values[_HEAD:_HEAD + 3 * self.max_rows]
+    def _append(self, body) -> None:
+        """Append one slot (a numpy int32 copy) to the ring."""
         m = self.max_rows
+        step, decodes, prefill, read, total, summaries = body[:_HEAD].tolist()
+        rows = body[_HEAD:_HEAD + 3 * m].reshape(3, m)
         self.ring.append({
             "time_ns": time.time_ns(),
             "step": step,
@@ -168,10 +170,10 @@ class DeviceStepStats:
             "summaries_read": summaries,
             "bytes_read": read * self.page_bytes + summaries * self.summary_page_bytes,
             "bytes_dense": total * self.page_bytes,
-            "row_seq_len": rows[:m],
-            "row_pages_read": rows[m:2 * m],
-            "row_pages_total": rows[2 * m:],
-            "row_hist": slot[_HEAD + 3 * m:].view(m, self.bins).clamp_max(65535).numpy(),
+            "row_seq_len": rows[0],
+            "row_pages_read": rows[1],
+            "row_pages_total": rows[2],
+            "row_hist": body[_HEAD + 3 * m:].reshape(m, self.bins).clip(0, 65535),
         })
 
 
