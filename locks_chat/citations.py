@@ -4,6 +4,12 @@ document's labels, and checked against the text of the pages they name (:func:`c
 A label is a number or a roman numeral (i to cccxcix, all lower or all upper case) standing as a whole word, so the
 word after "page" in "this page contains", "page mentions" or "pages mix" is no label, nor is the pronoun in
 "the pages I read".
+
+The check, kept simple so a reader can redo it by hand: each citation vouches for the words before it in its
+sentence; their key items (numbers and quoted spans weigh 3, proper names 2, other words 1; stop words none; see
+:mod:`locks_chat.key_words`) are looked up on the cited page. The page holds the claim when it holds every quoted
+span and at least :data:`VERIFY_SHARE` (60%) of the weight. The end of a page and the start of the next are also
+searched together, for a fact printed across the break.
 """
 
 from __future__ import annotations
@@ -158,8 +164,14 @@ class _PageIndex:
 
 
 def _share(items: list[KeyItem], word_set: set[str], run: str) -> float:
-    """The share of the items' weight found in a text given as its word set and its words joined by spaces."""
-    found = sum(item.weight for item in items if (f" {item.text} " in run if item.quote else item.text in word_set))
+    """The share of the items' weight found in a text given as its word set and its words joined by spaces; 0
+    when a quoted span is missing (a quote is held word for word or not at all)."""
+    found = 0.0
+    for item in items:
+        if f" {item.text} " in run if item.quote else item.text in word_set:
+            found += item.weight
+        elif item.quote:
+            return 0.0
     return found / sum(item.weight for item in items)
 
 
@@ -219,8 +231,8 @@ def check_citations(answer: str, document: Document) -> CitationCheck:
     Each citation marker vouches for the text before it (see :func:`_claims`); that text's key items
     (:func:`locks_chat.key_words.key_items`) are looked up on the cited page, and on the breaks before and after
     it (the last and first :data:`BREAK_WORDS` words of two neighbouring pages, each holding a part), so a fact
-    that runs across a page break counts for either page. The cited page is ``verified`` when it holds
-    :data:`VERIFY_SHARE` of the items' weight; else ``found_on`` names the page holding the most, if that
+    that runs across a page break counts for either page. The cited page is ``verified`` when it holds every
+    quoted span and :data:`VERIFY_SHARE` of the items' weight; else ``found_on`` names the page holding the most, if that
     reaches the share. A page cited for several claims is verified when it holds each of them. An answer that
     cites no page gets the best page holding its key items as ``proposed``.
 
