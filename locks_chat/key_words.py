@@ -15,6 +15,7 @@ normalized words.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import NamedTuple
@@ -61,6 +62,7 @@ class KeyItem(NamedTuple):
     """a quoted span (matched as a run of words), not one word"""
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a book repeats its words: stem each once
 def stem(word: str) -> str:
     """A case-folded word with one inflectional suffix cut (``'s``, ``ing``, ``ed``, ``es``, ``s``) when at least
     three letters remain; ``ss`` endings (``glass``) are kept, numbers lose their thousands separators and the
@@ -82,7 +84,7 @@ def _clean(text: str) -> str:
 
 def words(text: str) -> list[str]:
     """The normalized words of ``text`` in order (what a page is searched as)."""
-    return [stem(m.group()) for m in _TOKEN.finditer(_clean(text))]
+    return [stem(token) for token in _TOKEN.findall(_clean(text))]
 
 
 def _starts_sentence(text: str, start: int) -> bool:
