@@ -226,14 +226,14 @@ def _rank(verdict: dict[str, object]) -> tuple[int, float]:
 
 
 def check_citations(answer: str, document: Document) -> CitationCheck:
-    """Check each page an answer cites against the document's text (issue: small models cite wrong pages).
+    """Check each page an answer cites against the document's text (small models often cite a wrong page).
 
     Each citation marker vouches for the text before it (see :func:`_claims`); that text's key items
     (:func:`locks_chat.key_words.key_items`) are looked up on the cited page, and on the breaks before and after
     it (the last and first :data:`BREAK_WORDS` words of two neighbouring pages, each holding a part), so a fact
     that runs across a page break counts for either page. The cited page is ``verified`` when it holds every
-    quoted span and :data:`VERIFY_SHARE` of the items' weight; else ``found_on`` names the page holding the most, if that
-    reaches the share. A page cited for several claims is verified when it holds each of them. An answer that
+    quoted span and :data:`VERIFY_SHARE` of the items' weight; else ``found_on`` names the page holding the
+    most, if that reaches the share. A page cited for several claims is verified when it holds each of them. An answer that
     cites no page gets the best page holding its key items as ``proposed``.
 
     Args:

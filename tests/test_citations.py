@@ -152,7 +152,8 @@ def test_a_physical_number_cited_as_a_label_is_found_on_its_printed_page(labelle
 
 
 def test_key_items_weigh_numbers_names_and_quotes():
-    items = {(i.text, i.weight) for i in key_items('In 1,887 the keeper\'s boats met "the Heron" in March. Ships sail.')}
+    answer = 'In 1,887 the keeper\'s boats met "the Heron" in March. Ships sail.'
+    items = {(i.text, i.weight) for i in key_items(answer)}
     assert items == {("1887", NUMBER), ("keeper", WORD), ("boat", WORD), ("met", WORD), ("the heron", QUOTE),
                      ("heron", NAME), ("march", NAME), ("ship", WORD), ("sail", WORD)}
 
