@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from locks_chat.citations import find_citations
+from locks_chat.citations import CitationCheck, check_citations
 from locks_chat.engine import ChatEngine
 from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
@@ -20,17 +20,23 @@ from locks_chat.signals import Terminated
 class AskResult:
     answer: str
     citations: list[dict[str, object]]
+    """the cited pages, checked against the text (:attr:`CitationCheck.citations`)"""
     prompt_tokens: int
     generated_tokens: int
     ttft_ms: float | None
     tpot_ms: float | None
     finish_reason: str | None
     reading: ReadingLog = field(default_factory=ReadingLog)
+    check: CitationCheck = field(default_factory=CitationCheck)
+    """the citation check: the proposed page of an answer that cites none, and the check as one line"""
 
     def to_json(self, document: Document) -> dict[str, Any]:
         return {
             "answer": self.answer,
             "citations": self.citations,
+            "proposed_page": self.check.proposed,
+            "citation_check": self.check.text,
+            "warnings": list(document.warnings),
             "document": {"source": document.source, "title": document.title, "pages": len(document.pages),
                          "page_kind": document.page_kind.description},
             "stats": {
@@ -204,7 +210,8 @@ def ask(
             close()
     answer = "".join(parts)
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
+    check = check_citations(answer, document)
     return AskResult(
-        answer, find_citations(answer, document), len(prompt.token_ids), generated,
-        first_s * 1000 if first_s is not None else None, tpot, reason, log,
+        answer, check.citations, len(prompt.token_ids), generated,
+        first_s * 1000 if first_s is not None else None, tpot, reason, log, check,
     )

@@ -37,6 +37,7 @@ def run_ask(
 ) -> None:
     """Run ``locks-chat ask``; raises :class:`LocksChatError` subclasses for everything a user can fix."""
     from locks_chat.ask import ask, fitting_prompt
+    from locks_chat.citations import report_check
     from locks_chat.engine import open_engine, open_tokenizer
     from locks_chat.ingest import load_document, rich_progress
     from locks_chat.settings import locks_config
@@ -76,6 +77,7 @@ def run_ask(
         print(json.dumps(result.to_json(document), indent=2))
         return
     print()
+    report_check(console, result.check)
     summary = result.reading.summary()
     steps = summary["decode_steps"]
     if steps:

@@ -75,7 +75,8 @@ def test_json_output_for_scripts(book, engine):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["answer"] == "The password is BLUE (p. 1)."
-    assert data["citations"] == [{"page": "1", "physical": 1}]
+    assert data["citations"] == [{"page": "1", "physical": 1, "verified": True, "found_on": None, "score": 1.0}]
+    assert data["proposed_page"] is None and data["citation_check"] == "p. 1 verified" and data["warnings"] == []
     stats = data["stats"]
     assert stats["prompt_tokens"] > 0 and stats["generated_tokens"] == 6
     assert {"ttft_ms", "tpot_ms", "kv_pages_read_per_step", "kv_pages_total_per_step", "kv_bytes_read",

@@ -94,7 +94,8 @@ def test_ask_streams_and_maps_kv_pages_to_document_pages():
     seen, steps = [], []
     result = ask(engine, doc, ["q"], on_text=seen.append, on_step=steps.append)
     assert "".join(seen) == result.answer == "It is BLUE (p. 2)."
-    assert result.citations == [{"page": "2", "physical": 2}]
+    assert result.citations == [{"page": "2", "physical": 2, "verified": False, "found_on": None, "score": 0.0}]
+    assert result.check.text == "p. 2 cited; no page holds the answer's key words"  # no page says BLUE
     assert result.generated_tokens == 5 and result.ttft_ms == pytest.approx(500)
     assert result.tpot_ms == pytest.approx(10)
     assert all([p.label for p in s.doc_pages] == ["2"] for s in steps)

@@ -61,13 +61,17 @@ async def test_answer_streams_with_citations_and_is_saved(book):
         assert turn.answer == "The password is **BLUE** (p. 1)."
         footer = str(turn.query_one(".footer").render())
         assert "cited: p. 1" in footer and "TTFT 0.5 s" in footer
+        check = turn.query_one(".check")
+        assert str(check.render()) == "citations: p. 1 verified" and check.display and check.has_class("-verified")
         assert app.screen.query_one(PromptInput).disabled is False
         strip = app.screen.query_one(PageStrip)
         assert strip.token == 6 and strip.share
     store = SessionStore()
     [session] = store.list_sessions()
     [saved] = store.turns(session.id)
-    assert (saved.status, saved.answer, saved.citations) == ("done", turn.answer, [{"page": "1", "physical": 1}])
+    assert (saved.status, saved.answer) == ("done", turn.answer)
+    assert saved.citations == [{"page": "1", "physical": 1, "verified": True, "found_on": None, "score": 1.0}]
+    assert saved.stats["citation_check"] == "p. 1 verified"
     assert saved.stats["mode"] == "LOCKS budget 2048, rank 8" and saved.stats["decode_steps"] == 6
     assert engine.closed
 

@@ -230,7 +230,7 @@ class BookChat:
             raise
         finally:
             self._answering.release()
-        stats = {**result.to_json(self.document)["stats"], "mode": self.mode()}
+        stats = {**result.to_json(self.document)["stats"], "mode": self.mode(), "citation_check": result.check.text}
         if result.ttft_ms and result.reading.prefill_tokens:
             self.timings.prefill_tokens_per_s = result.reading.prefill_tokens / (result.ttft_ms / 1000)
             save_timings(self.timings)

@@ -374,7 +374,8 @@ class ChatScreen(Screen):
         saved = self.chat.turns[-1] if len(self.chat.turns) > self.turns_before else None
         citations, stats = (saved.citations, saved.stats) if saved is not None else ([], {})
         if self.turn is not None:
-            await self.turn.finish(message.status, citations, turn_stats_text(stats) or escape(message.error))
+            await self.turn.finish(message.status, citations, turn_stats_text(stats) or escape(message.error),
+                                   stats.get("citation_check", ""))
         self.cancel, self.turn = None, None
         self.panels.progress.end("answer")
         prompt = self.query_one(PromptInput)

@@ -29,7 +29,8 @@ class Conversation(VerticalScroll):
         """Append saved turns (a resumed session), each with its footer."""
         for turn in turns:
             view = await self.add_turn(turn.question, turn.answer)
-            await view.finish(turn.status, turn.citations, turn_stats_text(turn.stats))
+            await view.finish(turn.status, turn.citations, turn_stats_text(turn.stats),
+                              turn.stats.get("citation_check", ""))
 
     async def add_note(self, markdown: str) -> None:
         """Append a note in Markdown (not part of the conversation the model sees)."""

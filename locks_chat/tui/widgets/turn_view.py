@@ -1,4 +1,5 @@
-"""One question and its answer: the answer streams in as Markdown, then a footer gives citations and numbers."""
+"""One question and its answer: the answer streams in as Markdown, then a line says whether the cited pages hold
+what the answer says, and a footer gives citations and numbers."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class TurnView(Vertical):
     TurnView { height: auto; margin: 0 0 1 0; }
     TurnView > .question { color: $text-accent; text-style: bold; padding: 0 1; }
     TurnView > Markdown { margin: 0; padding: 0 1; background: transparent; }
+    TurnView > .check { display: none; color: $text-warning; padding: 0 1; }
+    TurnView > .check.-shown { display: block; }
+    TurnView > .check.-verified { color: $text-success; }
     TurnView > .footer { color: $text-muted; padding: 0 1; }
     """
 
@@ -40,6 +44,7 @@ class TurnView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(f"> {self.question}", classes="question", markup=False)
         yield Markdown(self.answer)
+        yield Static("", classes="check", markup=False)
         yield Static("", classes="footer")
 
     async def write(self, delta: str) -> None:
@@ -49,8 +54,9 @@ class TurnView(Vertical):
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write(delta)
 
-    async def finish(self, status: str, citations: list[dict], stats_line: str = "") -> None:
-        """End the stream and show the turn's footer: its status, cited pages and statistics."""
+    async def finish(self, status: str, citations: list[dict], stats_line: str = "", check: str = "") -> None:
+        """End the stream and show the turn's footer: its status, cited pages and statistics; ``check`` is the
+        citation check's line (:attr:`locks_chat.citations.CitationCheck.text`), shown under the answer."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
@@ -60,3 +66,7 @@ class TurnView(Vertical):
         if stats_line:
             parts.append(stats_line)
         self.query_one(".footer", Static).update(" · ".join(parts))
+        line = self.query_one(".check", Static)
+        line.update(f"citations: {check}" if check else "")
+        line.set_class(bool(check), "-shown")
+        line.set_class(bool(citations) and all(c.get("verified") for c in citations), "-verified")
