@@ -24,7 +24,7 @@ from typing import Any
 
 from locks_engine.config import LocksConfig
 from locks_engine.models import resolve_model
-from locks_engine.stats import require_locks
+from locks_engine.stats import dense_step_record, require_locks
 
 
 def _on_cuda() -> bool:
@@ -184,6 +184,15 @@ class LocksEngine:
         if self.on_cuda and self.ring is not None:
             self.llm.collective_rpc("locks_flush_stats")
 
+    def _dense_record(self, seq_len: int) -> dict[str, Any]:
+        """What a decode step of vLLM's FLASH_ATTN reads (every page), as a statistics record."""
+        model = self.llm.vllm_config.model_config
+        parallel = self.llm.vllm_config.parallel_config
+        page = self.options.locks.page_size
+        page_bytes = 2 * page * model.get_head_size() * model.dtype.itemsize
+        return dense_step_record(seq_len, model.get_num_layers(parallel), model.get_total_num_kv_heads(), page,
+                                 page_bytes, -(-self.max_context // page))
+
     def _new_stats(self) -> list[dict[str, Any]]:
         if self.ring is None:
             return []
@@ -232,6 +241,7 @@ class LocksEngine:
                     if any(out.finished for out in outputs):
                         self._flush_device_stats()  # the last token's step
                     stats = self._new_stats()
+                    before = generated
                     text, reason = "", None
                     for out in outputs:
                         completion = out.outputs[0]
@@ -241,6 +251,8 @@ class LocksEngine:
                         reason = completion.finish_reason or reason
                     if not outputs and not self.llm.has_unfinished_requests():
                         finished = True
+                    if self.dense_baseline and before and generated > before:  # a decode step of FLASH_ATTN
+                        stats = [self._dense_record(len(prompt_ids) + before)]
                     yield StreamEvent(text, generated, finished, reason, time.perf_counter() - start, stats)
             except KeyboardInterrupt:
                 interrupted = True

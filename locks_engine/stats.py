@@ -88,6 +88,33 @@ def record_dtype(max_rows: int, hist_bins: int) -> np.dtype:
     )
 
 
+def dense_step_record(seq_len: int, num_layers: int, num_kv_heads: int, page_size: int, page_bytes: int,
+                      max_pages: int) -> dict[str, Any]:
+    """The record of one decode step of one sequence that reads every page (vLLM's own dense backend, which
+    writes no ring), in the units of ``record_dtype`` plus the ring's ``pages_per_bin`` and ``page_size``.
+
+    Args:
+        seq_len (int): tokens the step attends to. num_layers (int), num_kv_heads (int): L and H.
+        page_size (int): B. page_bytes (int): K+V bytes of one page of one KV head. max_pages (int): the
+            context in pages (the histogram's extent, binned as ``StatsRing.create`` bins it).
+    """
+    pages_per_bin = max(1, -(-max_pages // MAX_BINS))
+    bins = max(1, -(-max_pages // pages_per_bin))
+    pages, pairs = -(-seq_len // page_size), num_layers * num_kv_heads
+    row = np.zeros(MAX_ROWS, dtype=np.int64)
+    hist = np.zeros((MAX_ROWS, bins), dtype=np.int64)
+    hist[0] = np.bincount(np.arange(pages) // pages_per_bin, minlength=bins)[:bins] * pairs
+    return {
+        "step": 0, "num_decodes": 1, "num_prefill_tokens": 0, "num_layers": num_layers,
+        "num_kv_heads": num_kv_heads, "pages_read": pages * pairs, "pages_total": pages * pairs,
+        "summaries_read": 0, "bytes_read": pages * pairs * page_bytes, "bytes_dense": pages * pairs * page_bytes,
+        "row_seq_len": np.where(np.arange(MAX_ROWS) == 0, seq_len, row),
+        "row_pages_read": np.where(np.arange(MAX_ROWS) == 0, pages * pairs, row),
+        "row_pages_total": np.where(np.arange(MAX_ROWS) == 0, pages * pairs, row),
+        "row_hist": hist.clip(0, 65535), "pages_per_bin": pages_per_bin, "page_size": page_size,
+    }
+
+
 def rank_path(path: str | Path, rank: int) -> Path:
     """The ring file of tensor-parallel rank ``rank``: ``path`` for rank 0, ``path.rank<r>`` for the others."""
     path = Path(path)

@@ -140,3 +140,24 @@ def test_summary_fraction_only_for_locks_with_summaries():
     assert locks_summary_fraction(config("CUSTOM", {"dense": True})) == 0.0
     with pytest.raises(ValueError, match="budget"):
         locks_summary_fraction(config("CUSTOM", {"budget": -1}))
+
+
+@pytest.mark.parametrize("seq_len", [1, 16, 17, 5000])
+def test_dense_record_equals_what_the_ring_records_for_every_page(tmp_path, seq_len):
+    """The records the engine writes for vLLM's own dense backend (no ring there) are those the LOCKS ring
+    holds for a step that reads every page unscored."""
+    from locks_engine.ops.select import every_page
+    from locks_engine.stats import dense_step_record
+
+    max_pages = 20000  # past MAX_BINS: pages are binned
+    ring = StatsRing.create(tmp_path / "ring.bin", max_pages=max_pages, page_size=PAGE)
+    stats = StepStats(ring, page_bytes=4096, summary_page_bytes=0)
+    selected = every_page(torch.tensor([seq_len]), 2, -(-seq_len // PAGE), PAGE)
+    _host_step(stats, [selected] * 3, [seq_len], every=True, prefill_tokens=0)
+    want = ring.latest(1)[0]
+    got = dense_step_record(seq_len, 3, 2, PAGE, 4096, max_pages)
+    assert got["pages_per_bin"] == int(ring.header["pages_per_bin"]) > 1
+    for field in ("num_decodes", "pages_read", "pages_total", "summaries_read", "bytes_read", "bytes_dense"):
+        assert got[field] == want[field], field
+    for field in ("row_seq_len", "row_pages_read", "row_pages_total", "row_hist"):
+        np.testing.assert_array_equal(got[field], want[field], err_msg=field)
