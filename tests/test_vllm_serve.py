@@ -174,4 +174,4 @@ def test_a_wrong_setting_stops_the_server_in_one_line(model_dir, tmp_path):
     assert "Traceback" not in text, log_tail(log)
     [line] = [line for line in text.splitlines() if " ERROR " in line]
     assert 'LOCKS: additional_config["locks"]' in line and "'bugdet'" in line and "'budget'" in line
-    assert "Loading" not in text, "the model was not loaded"
+    assert "EngineCore" not in text, "the engine core never started: the model was not loaded"
