@@ -16,6 +16,7 @@ Split as vLLM's own backends are, and by device:
 - ``hooks.py``: decode hooks configured per engine (``additional_config["locks_hooks"]``), e.g. device counters
   for benchmarks or a NaN-poisoning check for tests, kept out of the attention path.
 - ``step_stats.py``: the per-step statistics written to the app's ring file.
+- ``settings.py``: LOCKS' keys of ``additional_config``, checked before vLLM builds its configuration.
 - ``plugin.py``: the ``vllm.general_plugins`` entry point.
 
 Whether a decode step reads every page, unscored, is decided in one place for both devices:

@@ -16,8 +16,7 @@ from typing import ClassVar, Protocol
 
 from torch import Tensor
 
-#: ``additional_config`` key: the hook classes, as ``"module.path:ClassName"`` strings.
-HOOKS_KEY = "locks_hooks"
+from locks_engine.vllm_backend.settings import HOOKS_KEY
 
 
 class DecodeHook(Protocol):

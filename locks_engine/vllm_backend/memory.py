@@ -28,7 +28,7 @@ def locks_summary_fraction(vllm_config) -> float:
     """
     from locks_engine.config import LocksConfig
     from locks_engine.ops.select import summary_fraction
-    from locks_engine.vllm_backend.metadata import CONFIG_KEY
+    from locks_engine.vllm_backend.settings import CONFIG_KEY
 
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     if getattr(backend, "name", None) != "CUSTOM":

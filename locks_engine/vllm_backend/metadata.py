@@ -30,11 +30,8 @@ from locks_engine.vllm_backend import compat, hooks
 from locks_engine.vllm_backend.cuda import check_summary_format
 from locks_engine.vllm_backend.prefill import PrefillRows
 from locks_engine.vllm_backend.device_stats import DeviceStepStats
+from locks_engine.vllm_backend.settings import CONFIG_KEY, STATS_PATH_KEY
 from locks_engine.vllm_backend.step_stats import StepStats
-
-#: ``additional_config`` keys: the LocksConfig dict, and where statistics go (``locks_engine.stats``).
-CONFIG_KEY = "locks"
-STATS_PATH_KEY = "locks_stats_path"
 
 
 @dataclass
