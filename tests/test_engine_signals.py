@@ -138,6 +138,7 @@ def scripted_engine(llm: ScriptedLLM) -> LocksEngine:
     engine = object.__new__(LocksEngine)
     engine.llm, engine._lock, engine._ids, engine._seen = llm, threading.Lock(), itertools.count(), 0
     engine.ring = SimpleNamespace(written=lambda: 0, capacity=16, latest=lambda n: [], header={})
+    engine.on_cuda = engine.dense_baseline = False  # the CPU path
     return engine
 
 
