@@ -26,6 +26,8 @@ class AskResult:
     tpot_ms: float | None
     finish_reason: str | None
     reading: ReadingLog = field(default_factory=ReadingLog)
+    cached_tokens: int | None = None
+    """prompt tokens served from the engine's prefix cache (not prefilled again); ``None``: not reported"""
 
     def to_json(self, document: Document) -> dict[str, Any]:
         return {
@@ -35,6 +37,7 @@ class AskResult:
                          "page_kind": document.page_kind.description},
             "stats": {
                 "prompt_tokens": self.prompt_tokens,
+                "cached_prompt_tokens": self.cached_tokens,
                 "generated_tokens": self.generated_tokens,
                 "ttft_ms": self.ttft_ms,
                 "tpot_ms": self.tpot_ms,
@@ -172,7 +175,7 @@ def ask(
     parts: list[str] = []
     log = ReadingLog()
     first_s = last_s = None
-    generated, reason = 0, None
+    generated, reason, cached = 0, None, None
     events = engine.stream(prompt.token_ids, max_tokens, cancel)
     try:
         for event in events:
@@ -188,6 +191,8 @@ def ask(
                 if on_text is not None:
                     on_text(event.text)
             reason = event.finish_reason or reason
+            hit = getattr(event, "cached_tokens", None)  # engines that do not report it leave None
+            cached = cached if hit is None else hit
     except Terminated as err:
         raise TerminatedError("terminated: the request was aborted") from err
     except KeyboardInterrupt as err:
@@ -206,5 +211,5 @@ def ask(
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
     return AskResult(
         answer, find_citations(answer, document), len(prompt.token_ids), generated,
-        first_s * 1000 if first_s is not None else None, tpot, reason, log,
+        first_s * 1000 if first_s is not None else None, tpot, reason, log, cached,
     )
