@@ -57,11 +57,12 @@ class DocumentInput:
     """the path as given, or :data:`STDIN_SOURCE`"""
     path: Path | None
     """``None``: read from standard input"""
+    digest: str = ""
+    """SHA-256 of :attr:`data`, hex (the sessions' ``doc_hash``); computed when not given"""
 
-    @property
-    def digest(self) -> str:
-        """SHA-256 of :attr:`data`, hex (the sessions' ``doc_hash``)."""
-        return hashlib.sha256(self.data).hexdigest()
+    def __post_init__(self) -> None:
+        if not self.digest:
+            object.__setattr__(self, "digest", hashlib.sha256(self.data).hexdigest())
 
     @property
     def doc_path(self) -> str:
@@ -112,9 +113,10 @@ def find_session(store: SessionStore, document: DocumentInput, follow: FollowUp)
         if session is None:
             raise FollowUpError(f"no session {follow.session_id}: see locks-chat sessions list")
         if session.doc_hash != document.digest:
+            where = " ".join(f"{session.title}, {session.doc_path}".split())  # a path may hold a newline
             raise FollowUpError(
-                f"session {session.id} is about another document ({session.title}, {session.doc_path}): pass "
-                "that document, or leave out --session"
+                f"session {session.id} is about another document ({where}): pass that document, or leave out "
+                "--session"
             )
         return session
     if not follow.continue_last:
@@ -122,8 +124,8 @@ def find_session(store: SessionStore, document: DocumentInput, follow: FollowUp)
     by_path = None if document.path is None else document.doc_path
     session = store.latest(document.digest, by_path)
     if session is None:
-        raise FollowUpError(f"no earlier conversation about {document.source}: ask without --continue to start "
-                            "one (see locks-chat sessions list)")
+        raise FollowUpError(f"no earlier conversation about {' '.join(document.source.split())}: ask without "
+                            "--continue to start one (see locks-chat sessions list)")
     return session
 
 
