@@ -21,8 +21,9 @@ Doc = Annotated[
 AskDoc = Annotated[
     Path,
     typer.Argument(
-        help="The book or paper: PDF, EPUB, Markdown or plain text; - reads it from standard input (a PDF or EPUB "
-        "is told by its content; --continue then finds the conversation by the text's SHA-256).",
+        help="The book or paper: PDF, EPUB, Markdown or plain text; - reads it from standard input (PDF and EPUB "
+        "told by their content, text starting with a '# ' heading read as Markdown); --continue then finds the "
+        "conversation by the content's SHA-256: pipe the same bytes again.",
         show_default=False,
         metavar="DOC",
     ),
@@ -102,7 +103,9 @@ ContextLength = Annotated[
 NewSession = Annotated[
     bool, typer.Option("--new", help="Start a new conversation instead of resuming the book's last one.")
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics).")]
+Json = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics, saved session).")
+]
 Continue = Annotated[
     bool,
     typer.Option(
