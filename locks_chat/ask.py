@@ -29,6 +29,8 @@ class AskResult:
     reading: ReadingLog = field(default_factory=ReadingLog)
     check: CitationCheck = field(default_factory=CitationCheck)
     """the citation check: the proposed page of an answer that cites none, and the check as one line"""
+    cached_tokens: int | None = None
+    """prompt tokens served from the engine's prefix cache (not prefilled again); ``None``: not reported"""
 
     def to_json(self, document: Document) -> dict[str, Any]:
         return {
@@ -41,6 +43,7 @@ class AskResult:
                          "page_kind": document.page_kind.description},
             "stats": {
                 "prompt_tokens": self.prompt_tokens,
+                "cached_prompt_tokens": self.cached_tokens,
                 "generated_tokens": self.generated_tokens,
                 "ttft_ms": self.ttft_ms,
                 "tpot_ms": self.tpot_ms,
@@ -178,7 +181,7 @@ def ask(
     parts: list[str] = []
     log = ReadingLog()
     first_s = last_s = None
-    generated, reason = 0, None
+    generated, reason, cached = 0, None, None
     events = engine.stream(prompt.token_ids, max_tokens, cancel)
     try:
         for event in events:
@@ -194,6 +197,8 @@ def ask(
                 if on_text is not None:
                     on_text(event.text)
             reason = event.finish_reason or reason
+            hit = getattr(event, "cached_tokens", None)  # engines that do not report it leave None
+            cached = cached if hit is None else hit
     except Terminated as err:
         raise TerminatedError("terminated: the request was aborted") from err
     except KeyboardInterrupt as err:
@@ -213,5 +218,5 @@ def ask(
     check = check_citations(answer, document)
     return AskResult(
         answer, check.citations, len(prompt.token_ids), generated,
-        first_s * 1000 if first_s is not None else None, tpot, reason, log, check,
+        first_s * 1000 if first_s is not None else None, tpot, reason, log, check, cached,
     )

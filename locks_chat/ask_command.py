@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from locks_chat.errors import Cancelled, LocksChatError
+from locks_chat.followup import FollowUp
 
 
 def stdout_open() -> bool:
@@ -34,12 +35,17 @@ def write_out(text: str) -> None:
 def run_ask(
     doc: Path, question: str, pages: str | None, password: str | None, model: str | None, budget: int, rank: int,
     dense: bool, max_tokens: int, context: int | None, json_out: bool, console: Console,
+    follow: FollowUp = FollowUp(),
 ) -> None:
-    """Run ``locks-chat ask``; raises :class:`LocksChatError` subclasses for everything a user can fix."""
-    from locks_chat.ask import ask, fitting_prompt
+    """Run ``locks-chat ask``; raises :class:`LocksChatError` subclasses for everything a user can fix.
+
+    ``doc`` ``-`` reads standard input; ``follow`` continues a saved session (``locks_chat.followup``), and the
+    question and answer are saved as a turn of it (or of a new session).
+    """
     from locks_chat.citations import report_check
     from locks_chat.engine import open_engine, open_tokenizer
-    from locks_chat.ingest import load_document, rich_progress
+    from locks_chat.followup import attention_mode, cache_note, open_conversation, read_input, session_note
+    from locks_chat.ingest import rich_progress
     from locks_chat.settings import locks_config
 
     if not question.strip():
@@ -47,15 +53,17 @@ def run_ask(
     if not stdout_open():
         raise LocksChatError("stdout is closed: the answer has nowhere to go; redirect it (> answer.txt) instead")
     cfg = locks_config(budget, rank, dense, name_prefix="--")
-    with rich_progress(f"Reading {doc.name}", console=console) as progress:
-        document = load_document(doc, password=password, pages=pages, progress=progress)
+    source = read_input(doc)
+    conversation = open_conversation(source, follow, pages)
+    with rich_progress(f"Reading {Path(source.source).name}", console=console) as progress:
+        document = source.load(password, conversation.pages, progress=progress)
     for warning in document.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     # the engine's own check (in ask) stays the authoritative one; this one spares a start that cannot help
     with console.status("Counting the document's tokens..."):
         counted = open_tokenizer(model, context)
         if counted is not None:
-            fitting_prompt(counted, document, [question], max_tokens=max_tokens)
+            conversation.fit(counted, document, question, max_tokens)
     with console.status("Starting the engine (vLLM + LOCKS)..."):
         engine = open_engine(model, cfg, context)
     streamed: list[str] = []
@@ -65,7 +73,8 @@ def run_ask(
         write_out(text)
 
     try:
-        result = ask(engine, document, [question], max_tokens=max_tokens, on_text=None if json_out else stream)
+        result = conversation.ask(engine, document, question, max_tokens, None if json_out else stream,
+                                  attention_mode(cfg))
     except Cancelled:
         # the error line goes below the partial answer, not after its last word
         if streamed and not "".join(streamed).endswith("\n"):
@@ -74,7 +83,7 @@ def run_ask(
     finally:
         engine.close()
     if json_out:
-        print(json.dumps(result.to_json(document), indent=2))
+        print(json.dumps({**result.to_json(document), "session": conversation.to_json()}, indent=2))
         return
     print()
     report_check(console, result.check)
@@ -90,8 +99,9 @@ def run_ask(
     pages_read = ", ".join(p["page"] for p in summary["document_pages_read"][:12]) or "-"
     tokens = f"{result.generated_tokens} token{'' if result.generated_tokens == 1 else 's'}"
     console.print(
-        f"[dim]{tokens} · prompt {result.prompt_tokens:,} tokens · TTFT {(result.ttft_ms or 0) / 1000:.1f} s · "
-        f"TPOT {tpot} · {read} · document pages read: {pages_read}[/]",
+        f"[dim]{tokens} · prompt {result.prompt_tokens:,} tokens{cache_note(result)} · TTFT "
+        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot} · {read} · document pages read: {pages_read}"
+        f"{session_note(conversation)}[/]",
         highlight=False, soft_wrap=True,
     )
     if result.finish_reason == "length":

@@ -94,10 +94,11 @@ def main_callback(
     """Read and question whole books and PDFs with a local LLM on vLLM with LOCKS sparse attention."""
 
 
-@app.command(epilog='Example: locks-chat ask book.pdf "Who wrote the preface?" --pages 1-40 --json')
+@app.command(epilog='Example: locks-chat ask book.pdf "Who wrote the preface?" --pages 1-40 --json, then '
+             'locks-chat ask book.pdf -c "When?" to follow up; cat notes.md | locks-chat ask - "Summarize it."')
 @one_line_errors
 def ask(
-    doc: opt.Doc,
+    doc: opt.AskDoc,
     question: str = typer.Argument(help="The question.", show_default=False, metavar="QUESTION"),
     pages: opt.Pages = None,
     password: opt.Password = None,
@@ -108,11 +109,19 @@ def ask(
     max_tokens: opt.MaxTokens = 256,
     context: opt.ContextLength = None,
     json_out: opt.Json = False,
+    continue_last: opt.Continue = False,
+    session: opt.SessionId = None,
 ) -> None:
-    """Ask one question about a document; the answer streams to stdout with page citations."""
-    from locks_chat.ask_command import run_ask
+    """Ask one question about a document; the answer streams to stdout with page citations.
 
-    run_ask(doc, question, pages, password, model, budget, rank, dense, max_tokens, context, json_out, err_console)
+    The question and answer are saved as a session (locks-chat sessions list), shared with the chat app;
+    --continue or --session N follows up on one, with its earlier turns in the prompt.
+    """
+    from locks_chat.ask_command import run_ask
+    from locks_chat.followup import FollowUp
+
+    run_ask(doc, question, pages, password, model, budget, rank, dense, max_tokens, context, json_out, err_console,
+            FollowUp(continue_last, session))
 
 
 @app.command(epilog="Example: locks-chat book.pdf --pages 1-40 --budget 512   (same as: locks-chat chat book.pdf ...)")

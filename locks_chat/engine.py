@@ -27,7 +27,8 @@ class ChatEngine(Protocol):
         self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None
     ) -> Iterator[Any]:
         """Yield ``StreamEvent``-like objects (``text``, ``num_tokens``, ``finished``, ``elapsed_s``,
-        ``stats``); raise ``GenerationCancelled``-named exceptions when ``cancel`` is set."""
+        ``stats``, and optionally ``cached_tokens``: prompt tokens served from the prefix cache); raise
+        ``GenerationCancelled``-named exceptions when ``cancel`` is set."""
 
     def close(self) -> None: ...
 

@@ -18,6 +18,18 @@ Doc = Annotated[
     Path,
     typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False, metavar="DOC"),
 ]
+AskDoc = Annotated[
+    Path,
+    typer.Argument(
+        help="The book or paper: PDF, EPUB, Markdown or plain text; - reads it from standard input (PDF and EPUB "
+        "told by their content, text starting with a '# ' heading read as Markdown); --continue then finds the "
+        "conversation by the content's SHA-256: pipe the same bytes again.",
+        show_default=False,
+        metavar="DOC",
+    ),
+]
+
+
 def _pages_given(value: Optional[str]) -> Optional[str]:
     """A blank ``--pages`` (an unset shell variable, say) is refused rather than read as every page."""
     if value is not None and not value.strip():
@@ -91,5 +103,25 @@ ContextLength = Annotated[
 NewSession = Annotated[
     bool, typer.Option("--new", help="Start a new conversation instead of resuming the book's last one.")
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics).")]
+Json = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object (answer, citations, statistics, saved session).")
+]
+Continue = Annotated[
+    bool,
+    typer.Option(
+        "--continue", "-c",
+        help="Follow up on the latest conversation about this document (from ask or the chat app): its earlier "
+        "turns go into the prompt, and its page range applies unless --pages is given.",
+    ),
+]
+SessionId = Annotated[
+    Optional[int],
+    typer.Option(
+        "--session",
+        help="Follow up on saved session N (see locks-chat sessions list); it must be about this document (same "
+        "content).",
+        show_default=False,
+        metavar="N",
+    ),
+]
 JsonList = Annotated[bool, typer.Option("--json", help="Print a JSON array, one object per session.")]

@@ -1,10 +1,13 @@
 """Conversations kept in SQLite, one session per book: resume, list, delete.
 
 A session is keyed by the document's resolved path and the SHA-256 of its bytes, so an edited file starts a new
-conversation and a moved one does not find the old one. A turn is written when it starts (status ``answering``),
-its partial answer is saved as it streams, and its end state is written when it ends (``done``, ``cancelled``,
-``failed``); a turn still marked ``answering`` when the app starts again was cut off by a crash and reads as
-``interrupted``. Every write is its own committed transaction (WAL journal), so nothing finished is lost.
+conversation and a moved one does not find the old one; a document read from standard input is found by its
+hash alone. The chat app and ``locks-chat ask`` (``--continue``, ``--session``) share the sessions. A turn is
+written when it starts (status ``answering``), its partial answer is saved as it streams, and its end state is
+written when it ends (``done``, ``cancelled``, ``failed``); a turn still marked ``answering`` when the app starts
+again was cut off by a crash and reads as ``interrupted`` (``locks-chat ask`` writes its turn once, when the
+answer ends or is stopped). Every write is its own committed transaction (WAL journal), so nothing finished is
+lost.
 Each call opens its own connection: the store is safe to use from worker threads. A database that cannot be read
 or written (not SQLite, corrupt, in a directory that cannot be written) raises :class:`SessionStoreError`; the file
 is never removed or rewritten then.
@@ -50,6 +53,9 @@ CREATE TABLE IF NOT EXISTS turns (
 );
 """
 STATUSES = ("answering", "done", "cancelled", "failed")
+STDIN_PATH = "-"
+"""``doc_path`` of a session whose document came from standard input (``locks-chat ask -``): it is found by the
+document's hash alone"""
 
 
 class SessionStoreError(LocksChatError):
@@ -167,17 +173,17 @@ class SessionStore:
     def open_session(
         self, doc_path: str, doc_hash: str, title: str, pages: str | None, new: bool = False
     ) -> SessionInfo:
-        """The latest session of this document (path and content), or a new one when there is none or ``new``."""
-        doc_path = str(Path(doc_path).resolve())
+        """The latest session of this document (path and content), or a new one when there is none or ``new``.
+
+        Args:
+            doc_path (str): the document's path (stored resolved), or :data:`STDIN_PATH`.
+            doc_hash (str): SHA-256 of the document's bytes, hex (:func:`file_hash`).
+        """
+        doc_path = doc_path if doc_path == STDIN_PATH else str(Path(doc_path).resolve())
         if not new:
-            with self._db() as db:
-                row = db.execute(
-                    "SELECT id FROM sessions WHERE doc_path = ? AND doc_hash = ? "
-                    "ORDER BY updated DESC, id DESC LIMIT 1",
-                    (doc_path, doc_hash),
-                ).fetchone()
-            if row is not None:
-                return self.get(row[0])
+            latest = self.latest(doc_hash, doc_path)
+            if latest is not None:
+                return latest
         now = time.time()
         with self._db() as db:
             cur = db.execute(
@@ -187,6 +193,16 @@ class SessionStore:
             )
             session_id = cur.lastrowid
         return self.get(session_id)
+
+    def latest(self, doc_hash: str, doc_path: str | None = None) -> SessionInfo | None:
+        """The most recently updated session of the document with this content, at ``doc_path`` (resolved, or
+        :data:`STDIN_PATH`) unless it is ``None`` (then wherever it was read from); ``None`` when there is none."""
+        where, args = "WHERE s.doc_hash = ?", (doc_hash,)
+        if doc_path is not None:
+            doc_path = doc_path if doc_path == STDIN_PATH else str(Path(doc_path).resolve())
+            where, args = where + " AND s.doc_path = ?", (doc_hash, doc_path)
+        rows = self._sessions(where, args)
+        return rows[0] if rows else None
 
     def get(self, session_id: int) -> SessionInfo | None:
         if not is_sqlite_int(session_id):

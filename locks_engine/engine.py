@@ -120,6 +120,9 @@ class StreamEvent:
     stats: list[dict[str, Any]]
     """LOCKS step records (``locks_engine.stats.record_dtype``, plus the ring's ``pages_per_bin`` and
     ``page_size``) written since the previous event."""
+    cached_tokens: int | None = None
+    """Prompt tokens vLLM served from its prefix cache instead of prefilling (``RequestOutput.num_cached_tokens``,
+    whole KV blocks); ``None`` until the prefill has ended."""
 
 
 class LocksEngine:
@@ -232,7 +235,7 @@ class LocksEngine:
             self._new_stats()
             start = time.perf_counter()
             self.llm.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, params)
-            generated, finished, interrupted = 0, False, False
+            generated, finished, interrupted, cached = 0, False, False, None
             try:
                 while not finished:
                     if cancel is not None and cancel.is_set():
@@ -249,11 +252,13 @@ class LocksEngine:
                         generated += len(completion.token_ids)
                         finished = finished or out.finished
                         reason = completion.finish_reason or reason
+                        hit = getattr(out, "num_cached_tokens", None)
+                        cached = hit if hit is not None else cached
                     if not outputs and not self.llm.has_unfinished_requests():
                         finished = True
                     if self.dense_baseline and before and generated > before:  # a decode step of FLASH_ATTN
                         stats = [self._dense_record(len(prompt_ids) + before)]
-                    yield StreamEvent(text, generated, finished, reason, time.perf_counter() - start, stats)
+                    yield StreamEvent(text, generated, finished, reason, time.perf_counter() - start, stats, cached)
             except KeyboardInterrupt:
                 interrupted = True
                 raise

@@ -42,26 +42,46 @@ class Event:
     finish_reason: str | None
     elapsed_s: float
     stats: list = field(default_factory=list)
+    cached_tokens: int | None = None
 
 
 class GenerationCancelled(Exception):
     """Same name as the real engine's, which the app recognizes."""
 
 
-class FakeEngine:
-    """Streams ``answer`` word by word; each step reads KV pages ``bins_per_step[i]``."""
+def cached_prefix(prompt: list[int], earlier: list[list[int]], block: int) -> int:
+    """What vLLM's prefix cache serves of ``prompt``: the longest prefix shared with an earlier prompt, in whole
+    blocks of ``block`` tokens, leaving at least the last token to compute."""
+    best = 0
+    for other in earlier:
+        n = 0
+        for a, b in zip(prompt, other):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n)
+    return min(best, len(prompt) - 1) // block * block
 
-    def __init__(self, answer="It is BLUE (p. 2).", max_context=100_000, bins_per_step=None, fail=None):
+
+class FakeEngine:
+    """Streams ``answer`` word by word; each step reads KV pages ``bins_per_step[i]``. With ``prefix_block``,
+    events report the prompt tokens a prefix cache of that block size would serve from this engine's earlier
+    prompts (``cached_tokens``); without it they report none (``None``), as an engine that does not say."""
+
+    def __init__(self, answer="It is BLUE (p. 2).", max_context=100_000, bins_per_step=None, fail=None,
+                 prefix_block=None):
         self.tokenizer = WordTokenizer()
         self.max_context = max_context
         self.answer = answer
         self.bins_per_step = bins_per_step or [[0, 1, 2]]
         self.fail = fail
+        self.prefix_block = prefix_block
         self.prompts: list[list[int]] = []
         self.aborted = 0
         self.closed = False
 
     def stream(self, prompt_ids, max_tokens, cancel: threading.Event | None = None):
+        cached = None if self.prefix_block is None else cached_prefix(prompt_ids, self.prompts, self.prefix_block)
         self.prompts.append(list(prompt_ids))
         words = re.findall(r"\S+\s*", self.answer)[:max_tokens]
         try:
@@ -73,7 +93,7 @@ class FakeEngine:
                 bins = self.bins_per_step[i % len(self.bins_per_step)]
                 record = step_record(len(prompt_ids) + i, bins)
                 done = i == len(words) - 1
-                yield Event(word, i + 1, done, "stop" if done else None, 0.5 + 0.01 * i, [record])
+                yield Event(word, i + 1, done, "stop" if done else None, 0.5 + 0.01 * i, [record], cached)
         except BaseException:
             self.aborted += 1
             raise

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from locks_chat.cli import app
-from locks_chat.sessions import SessionStore, SessionStoreError, file_hash
+from locks_chat.sessions import STDIN_PATH, SessionStore, SessionStoreError, file_hash
 from locks_chat.settings import Settings, config_dir, data_dir, load_settings, save_settings, settings_path
 from locks_chat.transcript import export_transcript, render_transcript
 
@@ -28,6 +28,19 @@ def test_one_session_per_document_path_and_content(book):
     edited = store.open_session(str(book), file_hash(book), "book", None)
     assert edited.id not in (first.id,) and len(store.list_sessions()) == 3
     assert store.get(first.id).pages == "1-3"
+
+
+def test_latest_finds_a_document_by_path_and_content_or_by_content_alone(book, tmp_path):
+    store = SessionStore()
+    digest = file_hash(book)
+    assert store.latest(digest) is None
+    piped = store.open_session(STDIN_PATH, digest, "piped", None)
+    assert piped.doc_path == STDIN_PATH, "standard input is no path to resolve"
+    assert store.latest(digest, str(book)) is None and store.latest(digest, STDIN_PATH).id == piped.id
+    by_file = store.open_session(str(book), digest, "book", None)
+    store.begin_turn(piped.id, "Q?")  # the piped session is now the latest written
+    assert store.latest(digest).id == piped.id and store.latest(digest, str(book)).id == by_file.id
+    assert store.latest("0" * 64) is None
 
 
 def test_turns_are_written_as_they_happen_and_survive_reopening(book, user_home):

@@ -73,12 +73,36 @@ def load_document(
     return _load_bytes(_read_bytes(Path(path), source), source, password, pages, progress, page_time_limit)
 
 
+def load_document_bytes(
+    data: bytes,
+    source: str,
+    password: str | None = None,
+    pages: str | None = None,
+    progress: ProgressCallback | None = None,
+    page_time_limit: float | None = 10.0,
+    markdown: bool = False,
+) -> Document:
+    """:func:`load_document` for bytes already read (standard input): the format from the content, as for a file.
+
+    Args:
+        data (bytes): the document's bytes (at most :data:`MAX_DOCUMENT_BYTES`: :func:`read_bounded`).
+        source (str): what messages call the document, e.g. ``"<stdin>"``; its suffix counts as a file's does.
+        markdown (bool): read text that is no PDF or EPUB as Markdown (its title from a ``# `` heading).
+        password, pages, progress, page_time_limit: as :func:`load_document`.
+    Raises:
+        as :func:`load_document`.
+    """
+    return _load_bytes(data, source, password, pages, progress, page_time_limit, markdown)
+
+
 def _load_bytes(
     data: bytes, source: str, password: str | None, pages: str | None, progress: ProgressCallback | None,
-    page_time_limit: float | None,
+    page_time_limit: float | None, markdown: bool = False,
 ) -> Document:
     """``load_document`` once the file's bytes are read."""
     kind = sniff_format(data, source)
+    if kind == "text" and markdown:
+        kind = "markdown"
     if kind == "pdf":
         from locks_chat.ingest.pdf import read_pdf
 
@@ -144,6 +168,15 @@ def sniff_format(data: bytes, source: str) -> str:
         if data.startswith(magic):
             raise DocumentError(f"{source}: {what}, not a supported format; {_SUPPORTED}")
     return "markdown" if suffix in MARKDOWN_SUFFIXES else "text"
+
+
+def read_document_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of the file :func:`load_document` would read, with its errors (for a caller that also hashes them).
+
+    Raises:
+        DocumentError: missing, a directory, not permitted, unreadable, or larger than :data:`MAX_DOCUMENT_BYTES`.
+    """
+    return _read_bytes(Path(path), str(path))
 
 
 def _read_bytes(path: Path, source: str) -> bytes:

@@ -1,0 +1,263 @@
+"""Follow-ups from the command line: ``locks-chat ask --continue`` / ``--session N``, and ``-`` for a document
+read from standard input.
+
+Every ``ask`` saves its question and answer as a turn of a saved session (``locks_chat.sessions``), the store the
+chat app resumes: a new session, or the one continued. A follow-up puts the session's latest answered turns into
+the prompt the way the chat app does (at most :data:`HISTORY_TURNS`, the oldest dropped while the prompt does not
+fit), after the document, so the document stays the prompt's prefix.
+
+A session is found by its document's content: ``--continue`` takes the latest session of the file (its path and
+SHA-256, the chat app's key) or, for ``-``, the latest session of any document with the same SHA-256 (piping the
+same text again finds it); ``--session N`` must be about a document with the same SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from locks_chat.errors import Cancelled, ContextError, DocumentError, LocksChatError
+from locks_chat.ingest import Document
+from locks_chat.sessions import STDIN_PATH, SessionInfo, SessionStore, Turn
+
+STDIN_SOURCE = "<stdin>"
+"""what messages call a document read from standard input"""
+HISTORY_TURNS = 4
+"""earlier answered turns put back in the prompt, as the chat app does (fewer when they do not fit)"""
+
+
+class FollowUpError(LocksChatError):
+    """A ``--continue`` or ``--session`` that finds no conversation about this document (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What the command line asked to follow up on."""
+
+    continue_last: bool = False
+    """``--continue``: the latest conversation about this document"""
+    session_id: int | None = None
+    """``--session N``: that saved session"""
+
+    def __post_init__(self) -> None:
+        if self.continue_last and self.session_id is not None:
+            raise FollowUpError("--continue and --session both given: pass one of them")
+
+
+@dataclass(frozen=True)
+class DocumentInput:
+    """A document's bytes, read once, with what identifies it in the session store."""
+
+    data: bytes
+    source: str
+    """the path as given, or :data:`STDIN_SOURCE`"""
+    path: Path | None
+    """``None``: read from standard input"""
+    digest: str = ""
+    """SHA-256 of :attr:`data`, hex (the sessions' ``doc_hash``); computed when not given"""
+
+    def __post_init__(self) -> None:
+        if not self.digest:
+            object.__setattr__(self, "digest", hashlib.sha256(self.data).hexdigest())
+
+    @property
+    def doc_path(self) -> str:
+        """The sessions' ``doc_path``: the file's path, or :data:`locks_chat.sessions.STDIN_PATH`."""
+        return STDIN_PATH if self.path is None else str(self.path)
+
+    def load(self, password: str | None, pages: str | None, progress: Any = None) -> Document:
+        """The document (``load_document``'s errors); standard input's text is Markdown when it starts with a
+        ``# `` heading."""
+        from locks_chat.ingest import load_document_bytes
+
+        first = next((line for line in self.data[:4096].splitlines() if line.strip()), b"")
+        markdown = self.path is None and first.startswith(b"# ")
+        return load_document_bytes(self.data, self.source, password, pages, progress, markdown=markdown)
+
+
+def read_input(doc: Path) -> DocumentInput:
+    """Read the document ``doc`` names, ``-`` for standard input (PDF and EPUB told by their content).
+
+    Raises:
+        DocumentError: the file cannot be read (as ``load_document`` says), standard input is a terminal (nothing
+            piped in) or cannot be read, or it is larger than ``MAX_DOCUMENT_BYTES``.
+    """
+    from locks_chat.ingest.load import read_bounded, read_document_bytes
+
+    if str(doc) != "-":
+        return DocumentInput(read_document_bytes(doc), str(doc), doc)
+    stdin = sys.stdin
+    if stdin is None or stdin.isatty():
+        raise DocumentError('-: standard input is a terminal: pipe the document in, e.g. cat notes.md | '
+                            'locks-chat ask - "What is it about?"')
+    try:
+        data = read_bounded(getattr(stdin, "buffer", stdin), STDIN_SOURCE)
+    except OSError as err:
+        raise DocumentError(f"{STDIN_SOURCE}: cannot read ({err.strerror or err}); pipe a file in") from None
+    return DocumentInput(data, STDIN_SOURCE, None)
+
+
+def find_session(store: SessionStore, document: DocumentInput, follow: FollowUp) -> SessionInfo | None:
+    """The session ``follow`` names, ``None`` for a new conversation.
+
+    Raises:
+        FollowUpError: no earlier conversation about this document; no session N; session N is about another
+            document (another SHA-256).
+    """
+    if follow.session_id is not None:
+        session = store.get(follow.session_id)
+        if session is None:
+            raise FollowUpError(f"no session {follow.session_id}: see locks-chat sessions list")
+        if session.doc_hash != document.digest:
+            where = " ".join(f"{session.title}, {session.doc_path}".split())  # a path may hold a newline
+            raise FollowUpError(
+                f"session {session.id} is about another document ({where}): pass that document, or leave out "
+                "--session"
+            )
+        return session
+    if not follow.continue_last:
+        return None
+    by_path = None if document.path is None else document.doc_path
+    session = store.latest(document.digest, by_path)
+    if session is None:
+        raise FollowUpError(f"no earlier conversation about {' '.join(document.source.split())}: ask without "
+                            "--continue to start one (see locks-chat sessions list)")
+    return session
+
+
+@dataclass
+class Conversation:
+    """The session one ``ask`` belongs to: its earlier turns for the prompt, and where the new turn is saved."""
+
+    store: SessionStore
+    document: DocumentInput
+    session: SessionInfo | None
+    """the session continued; ``None``: a new one is created when the turn is saved"""
+    pages: str | None
+    """``--pages``, else the continued session's range; ``None``: every page"""
+    history: list[Turn] = field(default_factory=list)
+    """earlier answered turns that go into the prompt, oldest first (trimmed by :meth:`fit`)"""
+    continued: bool = False
+    """the session existed before this ask (``--continue`` or ``--session``)"""
+    turn_id: int | None = None
+    """the saved turn, once :meth:`save` ran"""
+
+    def fit(self, engine: Any, document: Document, question: str, max_tokens: int) -> None:
+        """Drop the oldest turns of :attr:`history` until the prompt fits ``engine`` (a ``ChatEngine`` or a
+        ``ModelTokenizer``).
+
+        Raises:
+            ContextError: the question does not fit even without earlier turns.
+        """
+        from locks_chat.ask import fitting_prompt
+
+        self._trimmed(lambda turns: fitting_prompt(
+            engine, document, [t.question for t in turns] + [question], [t.answer for t in turns], max_tokens,
+        ))
+
+    def ask(self, engine: Any, document: Document, question: str, max_tokens: int,
+            on_text: Callable[[str], None] | None, mode: str) -> Any:
+        """:func:`locks_chat.ask.ask` with :attr:`history`, saving the turn: ``done``, or ``cancelled`` with the
+        partial answer on Ctrl+C or SIGTERM (re-raised). Other failures save nothing.
+
+        Args:
+            mode (str): the attention setting, kept in the turn's statistics (``LOCKS budget 2048, rank 8``).
+        Returns:
+            AskResult: the answer and its statistics.
+        """
+        from locks_chat.ask import ask
+        from locks_chat.citations import find_citations
+
+        parts: list[str] = []
+
+        def text(delta: str) -> None:
+            parts.append(delta)
+            if on_text is not None:
+                on_text(delta)
+
+        try:
+            result = self._trimmed(lambda turns: ask(
+                engine, document, [t.question for t in turns] + [question], [t.answer for t in turns],
+                max_tokens, text,
+            ))
+        except Cancelled:
+            answer = "".join(parts)
+            self.save(question, document, answer, "cancelled", find_citations(answer, document), {"mode": mode})
+            raise
+        stats = {**result.to_json(document)["stats"], "mode": mode}
+        self.save(question, document, result.answer, "done", result.citations, stats)
+        return result
+
+    def _trimmed(self, attempt: Callable[[list[Turn]], Any]) -> Any:
+        """``attempt(history)``, dropping the oldest turn of :attr:`history` after each ``ContextError``."""
+        while True:
+            try:
+                return attempt(self.history)
+            except ContextError:
+                if not self.history:
+                    raise
+                self.history = self.history[1:]
+
+    def save(self, question: str, document: Document, answer: str, status: str, citations: list,
+             stats: dict) -> None:
+        """Write the turn (and the session, when new or deleted meanwhile); ``--pages`` becomes the session's."""
+        session = self.store.get(self.session.id) if self.session is not None else None
+        if session is None:
+            title = self.document.path.stem if self.document.path is not None else document.title
+            session = self.store.open_session(self.document.doc_path, self.document.digest, title, self.pages,
+                                              new=True)
+        elif session.pages != self.pages:
+            self.store.set_pages(session.id, self.pages)
+        self.session = session
+        self.turn_id = self.store.begin_turn(session.id, question)
+        self.store.save_turn(self.turn_id, answer, status, citations, stats)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "turn", "continued", "earlier_turns"}`` for ``ask --json`` (after :meth:`save`)."""
+        return {"id": self.session.id if self.session else None, "turn": self.turn_id, "continued": self.continued,
+                "earlier_turns": len(self.history)}
+
+
+def open_conversation(doc: DocumentInput, follow: FollowUp, pages: str | None,
+                      store: SessionStore | None = None) -> Conversation:
+    """The conversation an ``ask`` about ``doc`` joins (see :func:`find_session`); the sessions database is
+    opened (created) now, so that a store that cannot be written is said before the engine starts.
+
+    Raises:
+        FollowUpError: see :func:`find_session`. SessionStoreError: the database cannot be opened.
+    """
+    store = store or SessionStore()
+    session = find_session(store, doc, follow)
+    history: list[Turn] = []
+    if session is not None:
+        history = [t for t in store.turns(session.id) if t.status == "done"][-HISTORY_TURNS:]
+        pages = pages if pages is not None else session.pages
+    return Conversation(store, doc, session, pages, history, continued=session is not None)
+
+
+def attention_mode(locks: Any) -> str:
+    """The attention setting an answer is made with, as the chat app records it: ``LOCKS budget 2048, rank 8``
+    or ``dense`` (``locks``: a ``LocksConfig``)."""
+    return "dense" if locks.dense else f"LOCKS budget {locks.budget}, rank {locks.rank}"
+
+
+def session_note(conversation: Conversation) -> str:
+    """`` · session 3, turn 2 (1 earlier turn in the prompt)`` for the footer."""
+    if conversation.session is None:
+        return ""
+    turns = conversation.store.turns(conversation.session.id)
+    note = f" · session {conversation.session.id}, turn {len(turns)}"
+    if conversation.continued:
+        earlier = len(conversation.history)
+        note += f" ({earlier} earlier turn{'' if earlier == 1 else 's'} in the prompt)"
+    return note
+
+
+def cache_note(result: Any) -> str:
+    """`` (1,024 from the prefix cache)`` for the footer after the prompt tokens; empty when not reported."""
+    cached = getattr(result, "cached_tokens", None)
+    return "" if cached is None else f" ({cached:,} from the prefix cache)"
