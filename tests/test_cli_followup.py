@@ -77,7 +77,8 @@ def test_ask_saves_a_session_the_chat_app_resumes(book, engine):
     [session] = SessionStore().list_sessions()
     [turn] = SessionStore().turns(session.id)
     assert (turn.question, turn.answer, turn.status) == ("What is the password?", ANSWER, "done")
-    assert turn.citations == [{"page": "1", "physical": 1}] and turn.stats["mode"] == "LOCKS budget 2048, rank 8"
+    assert [(c["page"], c["physical"], c["verified"]) for c in turn.citations] == [("1", 1, True)]
+    assert turn.stats["mode"] == "LOCKS budget 2048, rank 8"
     # the chat app's lookup (path and content) resumes this session
     resumed = SessionStore().open_session(str(book), file_hash(book), "book", None)
     assert resumed.id == session.id and session.title == "book"
