@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from rich.color import Color, blend_rgb
-from rich.color_triplet import ColorTriplet
+from rich.color import Color
 
 from locks_chat.ingest import DocPage
 from locks_chat.reading import StepReading
@@ -105,5 +104,5 @@ def heat_color(share: float, top: float) -> Color:
         return UNREAD
     t = min(1.0, share / top) * (len(STOPS) - 1)
     low = min(int(t), len(STOPS) - 2)
-    rgb: ColorTriplet = blend_rgb(STOPS[low], STOPS[low + 1], t - low)
-    return Color.from_triplet(rgb)
+    mix = t - low
+    return Color.from_rgb(*(round(a + (b - a) * mix) for a, b in zip(STOPS[low], STOPS[low + 1])))

@@ -142,25 +142,35 @@ class PageHeatMap(Widget):
             self._grid = np.vstack([self._grid, np.stack(new) @ self._weights])
         return self._grid
 
-    def render(self) -> Text:
+    def map_size(self) -> tuple[int, int, list[str]]:
+        """The map's size at the widget's size: columns, lines (two tokens rows each), and what is drawn under
+        it as the height allows (``bars`` of the selected token, ``axis`` page labels, ``legend``)."""
         width = max(GUTTER + 1, self.content_region.width or 40)
         height = max(1, self.content_region.height or 8)
+        extras = [part for part, least in (("bars", 6), ("axis", 4), ("legend", 8)) if height >= least]
+        return width - GUTTER, max(1, height - 1 - len(extras)), extras
+
+    def binned(self, columns: int, lines: int) -> tuple[np.ndarray, int]:
+        """The map as drawn: `[R, C]` shares with ``C = columns`` and ``R <= 2 * lines`` rows, the last row the
+        newest tokens; and how many consecutive tokens a row holds (the last row may hold fewer)."""
+        grid = self.grid(columns)
+        per_row = tokens_per_row(len(grid), 2 * lines)
+        return bin_rows(grid, per_row), per_row
+
+    def render(self) -> Text:
+        columns, lines, extras = self.map_size()
+        width = columns + GUTTER
         text = Text().append(self.headline(), "bold")
         text.truncate(width, overflow="ellipsis")  # one row, however long the labels: the map stays in place
         if not self.pages:
             return text
-        # under the map, as the height allows: the selected token's bars, the page labels, the legend
-        extras = [part for part, least in (("bars", 6), ("axis", 4), ("legend", 8)) if height >= least]
-        lines = max(1, height - 1 - len(extras))
-        grid = self.grid(width - GUTTER)
-        per_row = tokens_per_row(len(grid), 2 * lines)
-        rows = bin_rows(grid, per_row)  # [R, C]
+        rows, per_row = self.binned(columns, lines)
         top = float(rows.max(initial=0.0))
         marked = self.selected // per_row if self.history else -1
         for line in self._map_lines(rows, lines, top, marked):
             text.append("\n")
             text.append_text(line)
-        row = grid[self.selected] if self.history else np.zeros(grid.shape[1])
+        row = self.grid(columns)[self.selected] if self.history else np.zeros(columns)
         below = {"bars": lambda: self._bars(row, top), "axis": lambda: self._axis(width),
                  "legend": lambda: self._legend(top, per_row, width)}
         for part in extras:
