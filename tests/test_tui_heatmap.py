@@ -105,7 +105,11 @@ async def test_a_row_per_token_grows_upward_with_the_newest_at_the_bottom(tmp_pa
         await ask(pilot, "Count?")
         heatmap = app.screen.query_one(PageHeatMap)
         columns, lines, extras = heatmap.map_size()
-        assert lines >= 8 and extras == ["bars", "axis", "legend"]
+        assert lines >= 8 and extras == ["axis", "bars", "legend"]
+        axis = heatmap.render().split("\n")[1 + lines].plain
+        for page in heatmap.pages:  # four pages: each label where its columns start
+            start = GUTTER + min(columns_of(heatmap, {page.number}, columns))
+            assert axis[start : start + len(page.label)] == page.label and axis[start - 1] == " "
         engine.release(1)
         await until(pilot, lambda: heatmap.token == 1, what="token 1")
         rows, per_row = heatmap.binned(columns, lines)
@@ -148,7 +152,8 @@ async def test_alt_arrows_move_the_marker_and_the_bars_to_the_selected_token(tmp
             return found[0]
 
         def bars() -> set[int]:
-            row = cells(heatmap.render().split("\n")[1 + lines])
+            row = cells(heatmap.render().split("\n")[1 + lines + 1])
+            assert row[0][0] == "▸"
             return {c - GUTTER for c, (char, _) in enumerate(row) if c >= GUTTER and char != " "}
 
         assert marker() == (lines - 1, "▄") and heatmap.token == 4
@@ -201,7 +206,7 @@ async def test_a_book_with_more_pages_than_columns_bins_pages(tmp_path):
         read = {page.number for page in heatmap.history[0][1].doc_pages}
         assert len(read) >= 3
         assert set(np.flatnonzero(rows[0])) == columns_of(heatmap, read, columns)
-        axis = heatmap.render().split("\n")[1 + lines + 1].plain
+        axis = heatmap.render().split("\n")[1 + lines].plain
         labels = [int(word) for word in axis.split()]
         assert labels[0] == 1 and labels == sorted(labels) and len(labels) > 3
         engine.release(1)

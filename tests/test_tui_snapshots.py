@@ -20,6 +20,16 @@ ANSWER = (
 )
 
 
+LONG_ANSWER = (
+    "The keeper's password is BLUE (p. 1). The harbour holds twelve boats (p. 2), and in winter the storms "
+    "came in November (p. 3), when the boats stayed in and the keeper wrote in the log. The library keeps "
+    "the charts of the coast (p. 4), which the keeper read each evening after the lamp was lit and the "
+    "tide had turned."
+)
+DRIFT = [[7, 10 + i * 5 // 6, 11 + i * 5 // 6, 12 + i * 5 // 6] for i in range(60)]
+"""KV pages read at token i: page 1's always, and a window that moves from page 2 through page 3 to page 4"""
+
+
 @pytest.fixture
 def chat_app(tmp_path):
     engine = FakeEngine(answer=ANSWER, bins_per_step=[[7, 8, 9, 30], [8, 25, 26, 27], [7, 41, 50, 51]])
@@ -60,3 +70,26 @@ def test_stats_after_an_answer(snap_compare, chat_app):
 
 def test_help(snap_compare, chat_app):
     assert snap_compare(chat_app, terminal_size=SIZE, run_before=typed("/help"))
+
+
+@pytest.fixture
+def drifting_app(tmp_path):
+    engine = FakeEngine(answer=LONG_ANSWER, bins_per_step=DRIFT)
+    return build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+
+
+def stepped_back(question: str, tokens: int):
+    """A ``run_before`` that asks ``question`` and then steps the Pages-read panel back ``tokens`` tokens."""
+
+    async def run_before(pilot) -> None:
+        await typed(question)(pilot)
+        for _ in range(tokens):
+            await pilot.press("alt+left")
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda size: f"{size[0]}x{size[1]}")
+def test_heat_map_of_a_long_answer_stepped_back(snap_compare, drifting_app, size):
+    assert snap_compare(drifting_app, terminal_size=size, run_before=stepped_back("Tell me about the coast.", 12))

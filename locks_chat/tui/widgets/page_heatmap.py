@@ -10,9 +10,9 @@ how much that is).
 One token is selected: the newest while the answer streams, or the one Alt+Left / Alt+Right
 (:meth:`PageHeatMap.step`) went back to. A marker in the left margin points at its row (its half of the line),
 the headline gives its numbers (``token 17 of 40: 11 of 12 pages; most read p. 4, 9, 2``), and the row of bars
-under the map is its own reading, page by page: height relative to its most read page, the map's colours. The
-page labels under that are bold for pages read at the selected token and dim for pages not read at all during
-this answer. Stepping past the newest token follows the answer live again.
+under the page labels (marked ``▸``) is its own reading, page by page: height relative to its most read page, the
+map's colours. The page labels under the map are bold for pages read at the selected token and dim for pages
+not read at all during this answer. Stepping past the newest token follows the answer live again.
 """
 
 from __future__ import annotations
@@ -144,10 +144,10 @@ class PageHeatMap(Widget):
 
     def map_size(self) -> tuple[int, int, list[str]]:
         """The map's size at the widget's size: columns, lines (two tokens rows each), and what is drawn under
-        it as the height allows (``bars`` of the selected token, ``axis`` page labels, ``legend``)."""
+        it as the height allows, in order: ``axis`` (page labels), ``bars`` (the selected token's), ``legend``."""
         width = max(GUTTER + 1, self.content_region.width or 40)
         height = max(1, self.content_region.height or 8)
-        extras = [part for part, least in (("bars", 6), ("axis", 4), ("legend", 8)) if height >= least]
+        extras = [part for part, least in (("axis", 4), ("bars", 6), ("legend", 8)) if height >= least]
         return width - GUTTER, max(1, height - 1 - len(extras)), extras
 
     def binned(self, columns: int, lines: int) -> tuple[np.ndarray, int]:
@@ -201,7 +201,8 @@ class PageHeatMap(Widget):
 
     def _bars(self, row: np.ndarray, top: float) -> Text:
         """The selected token's reading: a bar a column, its height relative to its most read column."""
-        bars = Text(" " * GUTTER)
+        cursor = self.get_component_rich_style("page-heat-map--cursor", partial=True)
+        bars = Text().append("▸", cursor).append(" " * (GUTTER - 1))
         most = float(row.max(initial=0.0))
         for share in row.tolist():
             level = 0 if share <= 0 else max(1, math.ceil(share / most * (len(BARS) - 1)))
