@@ -10,6 +10,7 @@ from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from tests.fakes import FakeEngine
+from tests.scripted_app import ANSWER as DRIFT_ANSWER, DRIFT
 from tests.test_tui_chat import chat_screen, ready
 from tests.tui_support import Factory, until, write_book
 
@@ -18,16 +19,6 @@ ANSWER = (
     "The keeper's password is **BLUE** (p. 1). The lighthouse stands on the *northern cape* (p. 1), "
     "and the storms came in November (p. 3)."
 )
-
-
-LONG_ANSWER = (
-    "The keeper's password is BLUE (p. 1). The harbour holds twelve boats (p. 2), and in winter the storms "
-    "came in November (p. 3), when the boats stayed in and the keeper wrote in the log. The library keeps "
-    "the charts of the coast (p. 4), which the keeper read each evening after the lamp was lit and the "
-    "tide had turned."
-)
-DRIFT = [[7, 10 + i * 5 // 6, 11 + i * 5 // 6, 12 + i * 5 // 6] for i in range(60)]
-"""KV pages read at token i: page 1's always, and a window that moves from page 2 through page 3 to page 4"""
 
 
 @pytest.fixture
@@ -74,7 +65,7 @@ def test_help(snap_compare, chat_app):
 
 @pytest.fixture
 def drifting_app(tmp_path):
-    engine = FakeEngine(answer=LONG_ANSWER, bins_per_step=DRIFT)
+    engine = FakeEngine(answer=DRIFT_ANSWER, bins_per_step=DRIFT)
     return build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
 
 
