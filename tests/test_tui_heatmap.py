@@ -25,6 +25,8 @@ from tests.test_tui_chat import FastEngine, ask
 from tests.tui_support import Factory, GatedEngine, until, write_book
 
 SIZE = (120, 40)
+WAIT = 30.0
+"""seconds a step may take on a loaded machine"""
 
 
 def pages(*lengths: int) -> tuple[DocPage, ...]:
@@ -111,7 +113,7 @@ async def test_a_row_per_token_grows_upward_with_the_newest_at_the_bottom(tmp_pa
             start = GUTTER + min(columns_of(heatmap, {page.number}, columns))
             assert axis[start : start + len(page.label)] == page.label and axis[start - 1] == " "
         engine.release(1)
-        await until(pilot, lambda: heatmap.token == 1, what="token 1")
+        await until(pilot, lambda: heatmap.token == 1, timeout=WAIT, what="token 1")
         rows, per_row = heatmap.binned(columns, lines)
         page1 = columns_of(heatmap, {1}, columns)
         assert per_row == 1 and rows.shape == (1, columns)
@@ -121,7 +123,7 @@ async def test_a_row_per_token_grows_upward_with_the_newest_at_the_bottom(tmp_pa
         assert last[0][0] == "▄" and {char for char, _ in last[GUTTER:]} == {"▄"}
         assert last[GUTTER + min(page1)][1].color.triplet == heat_color(rows[0, min(page1)], rows.max()).triplet
         engine.release(1)
-        await until(pilot, lambda: heatmap.token == 2, what="token 2")
+        await until(pilot, lambda: heatmap.token == 2, timeout=WAIT, what="token 2")
         rows, _ = heatmap.binned(columns, lines)
         assert rows.shape == (2, columns)
         assert set(np.flatnonzero(rows[1])) == columns_of(heatmap, {3, 4}, columns), "token 2 read pages 3, 4"
@@ -132,7 +134,7 @@ async def test_a_row_per_token_grows_upward_with_the_newest_at_the_bottom(tmp_pa
         assert last[0][0] == "▄", "the marker points at the newest token's half"
         assert all(char == " " for char, _ in cells(map_lines(heatmap)[-2])), "nothing above the answer yet"
         engine.release(2)
-        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        await until(pilot, lambda: not app.screen.answering, timeout=WAIT, what="the answer")
 
 
 @pytest.mark.asyncio
@@ -143,7 +145,7 @@ async def test_alt_arrows_move_the_marker_and_the_bars_to_the_selected_token(tmp
         await ask(pilot, "Count?")
         heatmap = app.screen.query_one(PageHeatMap)
         engine.release(4)
-        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        await until(pilot, lambda: not app.screen.answering, timeout=WAIT, what="the answer")
         columns, lines, _ = heatmap.map_size()
 
         def marker() -> tuple[int, str]:
@@ -199,7 +201,7 @@ async def test_a_book_with_more_pages_than_columns_bins_pages(tmp_path):
         await ask(pilot, "Count?")
         heatmap = app.screen.query_one(PageHeatMap)
         engine.release(1)
-        await until(pilot, lambda: heatmap.token == 1, what="token 1")
+        await until(pilot, lambda: heatmap.token == 1, timeout=WAIT, what="token 1")
         columns, lines, _ = heatmap.map_size()
         assert len(heatmap.pages) == 150 > columns
         rows, _ = heatmap.binned(columns, lines)
@@ -210,4 +212,4 @@ async def test_a_book_with_more_pages_than_columns_bins_pages(tmp_path):
         labels = [int(word) for word in axis.split()]
         assert labels[0] == 1 and labels == sorted(labels) and len(labels) > 3
         engine.release(1)
-        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        await until(pilot, lambda: not app.screen.answering, timeout=WAIT, what="the answer")

@@ -67,6 +67,7 @@ class PageHeatMap(Widget):
         self._shares: list[np.ndarray] = []  # per step: [P]
         self._grid = np.zeros((0, 1))  # [T, C] for the width in _grid_width
         self._grid_width = 0
+        self._weights = np.zeros((0, 1))  # [P, C] page_columns for that width
 
     def set_document(self, document: Document) -> None:
         """Show a newly loaded document, nothing read yet."""
@@ -143,7 +144,7 @@ class PageHeatMap(Widget):
         return self._grid
 
     def map_size(self) -> tuple[int, int, list[str]]:
-        """The map's size at the widget's size: columns, lines (two tokens rows each), and what is drawn under
+        """The map's size at the widget's size: columns, lines (two token rows each), and what is drawn under
         it as the height allows, in order: ``axis`` (page labels), ``bars`` (the selected token's), ``legend``."""
         width = max(GUTTER + 1, self.content_region.width or 40)
         height = max(1, self.content_region.height or 8)
