@@ -1,10 +1,11 @@
 """Record a real session of the app as an SVG picture (the README's screenshot).
 
 Runs ``locks-chat DOCUMENT`` under tmux with vLLM, LOCKS and the built-in model, asks one question, and saves
-the screen once the answer is complete (Rich's SVG exporter, as Textual's screenshots). Needs tmux.
+the screen once the answer is complete (Rich's SVG exporter, as Textual's screenshots): the Pages-read heat map
+then holds a row for every few tokens of the answer. Needs tmux. ``samples/tui.svg`` was recorded with
 
-    python -m samples.record_tui path/to/text_R-intro.pdf --pages 1-8 \\
-        --question "What is R?" --out samples/tui.svg
+    python -m samples.record_tui path/to/text_R-intro.pdf --pages 1-10 --max-tokens 120 \\
+        --question "How do I get help on a function in R? Cite the pages." --out samples/tui.svg
 
 Run it as a module from the repository root (``-m``), so that ``tests.tmux_support`` imports.
 """

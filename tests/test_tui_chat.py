@@ -13,7 +13,7 @@ from locks_chat.settings import Settings
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.screens.chat import ChatScreen
-from locks_chat.tui.widgets.page_strip import PageStrip
+from locks_chat.tui.widgets.page_heatmap import PageHeatMap
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.turn_view import TurnView
 from locks_engine.config import LocksConfig
@@ -64,7 +64,7 @@ async def test_answer_streams_with_citations_and_is_saved(book):
         check = turn.query_one(".check")
         assert str(check.render()) == "citations: p. 1 verified" and check.display and check.has_class("-verified")
         assert app.screen.query_one(PromptInput).disabled is False
-        strip = app.screen.query_one(PageStrip)
+        strip = app.screen.query_one(PageHeatMap)
         assert strip.token == 6 and strip.share
     store = SessionStore()
     [session] = store.list_sessions()
@@ -82,7 +82,7 @@ async def test_prompt_is_locked_while_the_answer_streams_and_pages_change_per_to
     async with app.run_test(size=SIZE) as pilot:
         await ask(pilot, "Count?")
         prompt = app.screen.query_one(PromptInput)
-        strip = app.screen.query_one(PageStrip)
+        strip = app.screen.query_one(PageHeatMap)
         engine.release(1)
         await until(pilot, lambda: strip.token == 1, what="token 1")
         assert prompt.disabled and answer_text(app) == "one "
@@ -101,7 +101,7 @@ async def test_alt_arrows_step_the_pages_panel_through_the_answers_tokens(book):
     app = build_app(book, ChatOptions(), Factory(engine))
     async with app.run_test(size=SIZE) as pilot:
         await ask(pilot, "Count?")
-        strip = app.screen.query_one(PageStrip)
+        strip = app.screen.query_one(PageHeatMap)
         engine.release(2)
         await until(pilot, lambda: strip.token == 2, what="token 2")
         await pilot.press("alt+left")
@@ -299,14 +299,14 @@ async def test_a_fast_engine_is_drawn_mid_answer_and_no_step_is_lost(book, monke
     """The screen takes what the answer's worker left 20 times a second (not one message per token): the panels
     are drawn while the answer streams, every word arrives in order, and every step's pages count."""
     drawn: list[int] = []
-    render = PageStrip.render
+    render = PageHeatMap.render
 
     def spy(strip):
         if strip.screen.answering:
             drawn.append(strip.token)
         return render(strip)
 
-    monkeypatch.setattr(PageStrip, "render", spy)
+    monkeypatch.setattr(PageHeatMap, "render", spy)
     engine = FastEngine(words=400, step_s=0.0005)
     app = build_app(book, ChatOptions(Settings(max_tokens=400)), Factory(engine))
     async with app.run_test(size=SIZE) as pilot:
@@ -314,7 +314,7 @@ async def test_a_fast_engine_is_drawn_mid_answer_and_no_step_is_lost(book, monke
         await until(pilot, lambda: not app.screen.answering, timeout=60, what="the answer")
         mid_answer = {token for token in drawn if 0 < token < 400}
         assert len(mid_answer) >= 2, f"the pages panel was drawn mid-answer at tokens {sorted(mid_answer)}"
-        strip = app.screen.query_one(PageStrip)
+        strip = app.screen.query_one(PageHeatMap)
         assert strip.token == 400 and answer_text(app).split() == [f"w{i}" for i in range(400)]
         assert strip.seen == {1, 3, 4}
 

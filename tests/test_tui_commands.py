@@ -9,7 +9,7 @@ from locks_chat.settings import settings_path
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.screens.help import HelpScreen
-from locks_chat.tui.widgets.page_strip import PageStrip
+from locks_chat.tui.widgets.page_heatmap import PageHeatMap
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.turn_view import TurnView
 from tests.fakes import FakeEngine
@@ -69,7 +69,7 @@ async def test_pages_reloads_the_document(book):
     async with app.run_test(size=SIZE) as pilot:
         await command(pilot, "/pages 2-3")
         await until(pilot, lambda: ready(app) and len(app.chat.document.pages) == 2, what="the reload")
-        assert [p.label for p in app.screen.query_one(PageStrip).pages] == ["2", "3"]
+        assert [p.label for p in app.screen.query_one(PageHeatMap).pages] == ["2", "3"]
         assert "pages 2-3" in app.sub_title
         await command(pilot, "/pages 9-12")
         await until(pilot, lambda: ready(app) and notices(app, "error"), what="the error")

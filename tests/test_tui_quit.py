@@ -13,7 +13,7 @@ from locks_chat.sessions import SessionStore, file_hash
 from locks_chat.signals import TERMINATED_EXIT_CODE
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
-from locks_chat.tui.widgets.page_strip import PageStrip
+from locks_chat.tui.widgets.page_heatmap import PageHeatMap
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from tests.fakes import FakeEngine
 from tests.tui_support import Factory, GatedEngine, until, write_book
@@ -113,7 +113,7 @@ def test_sigterm_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capf
         screen.query_one(PromptInput).value = "What is the password?"
         await pilot.press("enter")
         engine.release(2)
-        strip = screen.query_one(PageStrip)
+        strip = screen.query_one(PageHeatMap)
         await until(pilot, lambda: strip.token == 2, what="token 2")
         os.kill(os.getpid(), signal.SIGTERM)
         await pilot.pause(5)  # the app exits before this ends

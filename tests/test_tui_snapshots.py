@@ -10,6 +10,7 @@ from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from tests.fakes import FakeEngine
+from tests.scripted_app import ANSWER as DRIFT_ANSWER, DRIFT
 from tests.test_tui_chat import chat_screen, ready
 from tests.tui_support import Factory, until, write_book
 
@@ -60,3 +61,26 @@ def test_stats_after_an_answer(snap_compare, chat_app):
 
 def test_help(snap_compare, chat_app):
     assert snap_compare(chat_app, terminal_size=SIZE, run_before=typed("/help"))
+
+
+@pytest.fixture
+def drifting_app(tmp_path):
+    engine = FakeEngine(answer=DRIFT_ANSWER, bins_per_step=DRIFT)
+    return build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+
+
+def stepped_back(question: str, tokens: int):
+    """A ``run_before`` that asks ``question`` and then steps the Pages-read panel back ``tokens`` tokens."""
+
+    async def run_before(pilot) -> None:
+        await typed(question)(pilot)
+        for _ in range(tokens):
+            await pilot.press("alt+left")
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda size: f"{size[0]}x{size[1]}")
+def test_heat_map_of_a_long_answer_stepped_back(snap_compare, drifting_app, size):
+    assert snap_compare(drifting_app, terminal_size=size, run_before=stepped_back("Tell me about the coast.", 12))

@@ -8,8 +8,9 @@ from locks_chat.errors import LocksChatError
 
 HELP = """\
 **Ask** anything about the book; answers cite pages as (p. 12). **Up/Down** recall earlier prompts;
-**Esc** or **Ctrl+C** stops an answer (the request is aborted in the engine); **Alt+Left** and **Alt+Right**
-step the "Pages read" panel through the answer's tokens (past the newest it follows the answer live again);
+**Esc** or **Ctrl+C** stops an answer (the request is aborted in the engine). The "Pages read" heat map has the
+book's pages across and the answer's tokens down, coloured by the share of each page read; **Alt+Left** and
+**Alt+Right** select an earlier or later token (past the newest it follows the answer live again);
 **Ctrl+Q** quits.
 
 | Command | What it does |

@@ -46,7 +46,7 @@ from locks_chat.tui.meter import EngineTick
 from locks_chat.tui.screens.chat_commands import ChatCommands
 from locks_chat.tui.screens.help import HelpScreen
 from locks_chat.tui.widgets.conversation import Conversation
-from locks_chat.tui.widgets.page_strip import PageStrip
+from locks_chat.tui.widgets.page_heatmap import PageHeatMap
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.reading_panels import ReadingPanels
 from locks_chat.tui.widgets.turn_view import TurnView
@@ -295,7 +295,7 @@ class ChatScreen(Screen):
 
     def action_token(self, direction: int) -> None:
         """Alt+Left / Alt+Right: the pages read at the previous / next token of the answer (the newest: live)."""
-        self.query_one(PageStrip).step(direction)
+        self.query_one(PageHeatMap).step(direction)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())

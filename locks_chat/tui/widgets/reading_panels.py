@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
 
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
@@ -11,7 +11,7 @@ from locks_chat.tui.meter import EngineTick
 from locks_chat.tui.widgets.budget_panel import BudgetPanel
 from locks_chat.tui.widgets.latency_panel import LatencyPanel
 from locks_chat.tui.widgets.memory_panel import MemoryPanel
-from locks_chat.tui.widgets.page_strip import PageStrip
+from locks_chat.tui.widgets.page_heatmap import PageHeatMap
 from locks_chat.tui.widgets.progress_panel import ProgressPanel
 from locks_engine.config import LocksConfig
 
@@ -33,8 +33,8 @@ class ReadingPanels(Vertical):
 
     def compose(self) -> ComposeResult:
         yield ProgressPanel(id="progress")
-        with VerticalScroll(id="pages-box"):
-            yield PageStrip(id="pages")
+        with Vertical(id="pages-box"):
+            yield PageHeatMap(id="pages")
         yield BudgetPanel(id="budget")
         yield LatencyPanel(id="latency")
         yield MemoryPanel(id="memory")
@@ -50,7 +50,7 @@ class ReadingPanels(Vertical):
         return self.query_one(ProgressPanel)
 
     def set_document(self, document: Document) -> None:
-        self.query_one(PageStrip).set_document(document)
+        self.query_one(PageHeatMap).set_document(document)
         self.query_one(BudgetPanel).set_document_pages(len(document.pages))
 
     def set_locks(self, locks: LocksConfig, max_context: int | None = None) -> None:
@@ -59,14 +59,14 @@ class ReadingPanels(Vertical):
     def new_answer(self) -> None:
         """Clear the per-answer panels as a question goes to the engine."""
         self.generated = 0
-        self.query_one(PageStrip).new_answer()
+        self.query_one(PageHeatMap).new_answer()
         self.query_one(BudgetPanel).new_answer()
         self.query_one(LatencyPanel).new_answer()
         self.query_one(MemoryPanel).new_answer()
 
     def show_step(self, reading: StepReading) -> None:
         """One decode step's reading, drawn at the latest generated token."""
-        self.query_one(PageStrip).show_step(reading, self.generated)
+        self.query_one(PageHeatMap).show_step(reading, self.generated)
         self.query_one(BudgetPanel).show_step(reading)
 
     def show_tick(self, tick: EngineTick, max_tokens: int, prefill_rate: float | None) -> None:
