@@ -35,7 +35,7 @@ def write_out(text: str) -> None:
 def run_ask(
     doc: Path, question: str, pages: str | None, password: str | None, model: str | None, budget: int, rank: int,
     dense: bool, max_tokens: int, context: int | None, json_out: bool, console: Console,
-    follow: FollowUp = FollowUp(),
+    follow: FollowUp = FollowUp(), kv_cache_gib: float | None = None,
 ) -> None:
     """Run ``locks-chat ask``; raises :class:`LocksChatError` subclasses for everything a user can fix.
 
@@ -65,7 +65,7 @@ def run_ask(
         if counted is not None:
             conversation.fit(counted, document, question, max_tokens)
     with console.status("Starting the engine (vLLM + LOCKS)..."):
-        engine = open_engine(model, cfg, context)
+        engine = open_engine(model, cfg, context, kv_cache_gib)
     streamed: list[str] = []
 
     def stream(text: str) -> None:

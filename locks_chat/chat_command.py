@@ -17,7 +17,7 @@ def terminal_attached() -> bool:
 
 def run_chat(
     doc: Path, pages: str | None, password: str | None, model: str | None, budget: int | None, rank: int | None,
-    dense: bool | None, max_tokens: int | None, context: int | None, new: bool,
+    dense: bool | None, max_tokens: int | None, context: int | None, new: bool, kv_cache_gib: float | None = None,
 ) -> None:
     """Open the TUI on ``doc``; options given override the settings file for this run.
 
@@ -39,7 +39,8 @@ def run_chat(
         raise DocumentError(f"{doc}: no such file; check the path")
     settings, warnings = load_settings()
     settings = settings.with_overrides(
-        model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context
+        model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context,
+        kv_cache_gib=kv_cache_gib,
     )
     locks = settings.locks_config()
     check_document(doc, password=password, pages=pages)

@@ -108,6 +108,7 @@ def ask(
     dense: opt.Dense = False,
     max_tokens: opt.MaxTokens = 256,
     context: opt.ContextLength = None,
+    kv_cache_gib: opt.KvCacheGib = None,
     json_out: opt.Json = False,
     continue_last: opt.Continue = False,
     session: opt.SessionId = None,
@@ -121,7 +122,7 @@ def ask(
     from locks_chat.followup import FollowUp
 
     run_ask(doc, question, pages, password, model, budget, rank, dense, max_tokens, context, json_out, err_console,
-            FollowUp(continue_last, session))
+            FollowUp(continue_last, session), kv_cache_gib)
 
 
 @app.command(epilog="Example: locks-chat book.pdf --pages 1-40 --budget 512   (same as: locks-chat chat book.pdf ...)")
@@ -136,6 +137,7 @@ def chat(
     dense: opt.DenseSwitch = None,
     max_tokens: opt.MaxTokens = None,
     context: opt.ContextLength = None,
+    kv_cache_gib: opt.KvCacheGib = None,
     new: opt.NewSession = False,
 ) -> None:
     """Chat with a document in the terminal app, watching which pages LOCKS reads (the default command).
@@ -144,7 +146,7 @@ def chat(
     """
     from locks_chat.chat_command import run_chat
 
-    run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new)
+    run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new, kv_cache_gib)
 
 
 sessions_app = typer.Typer(no_args_is_help=True, help="Saved conversations: one per book (path and content).")

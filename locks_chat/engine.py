@@ -50,7 +50,8 @@ def engine_log_path() -> Path:
     return data_dir() / "logs" / "engine.log"
 
 
-def open_engine(model: str | None, locks: Any, max_model_len: int | None = None) -> ChatEngine:
+def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
+                kv_cache_gib: float | None = None) -> ChatEngine:
     """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores); its processes log to :func:`engine_log_path`.
 
     A Ctrl+C or SIGTERM during the start is held until vLLM is up or has failed (vLLM's start cannot be
@@ -62,6 +63,8 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
             :func:`locks_chat.settings.model_cache_dir`).
         locks (LocksConfig): the LOCKS configuration, built and validated once by the caller.
         max_model_len (int | None): ``--context``; ``None``: the model's.
+        kv_cache_gib (float | None): ``--kv-cache-gib``; ``None``: ``EngineOptions``' default (GPU: vLLM's share
+            of its memory, the summaries reserved; CPU: 1 GiB).
     Raises:
         ModelPathError: ``model`` is a local path that does not exist or is not a model directory (exit 2).
         HomeDirError: the model cache or the engine log cannot be written (exit 2).
@@ -77,7 +80,7 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None)
         raise EngineError(f"the engine is not installed ({err.name} missing): run the install command from the README") from err
     log = writable_engine_log()
     options = EngineOptions(model=model, model_cache_dir=str(model_cache_dir()), locks=locks,
-                            max_model_len=max_model_len)
+                            max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
     try:
         return _start_holding_signals(options, log)
     except ModelPathError as err:

@@ -86,6 +86,16 @@ Rank = Annotated[
         max=_DEFAULTS.page_size,
     ),
 ]
+KvCacheGib = Annotated[
+    Optional[float],
+    typer.Option(
+        "--kv-cache-gib",
+        help="KV cache size in GiB, to share a GPU (default: on a GPU vLLM's share of its memory, the page summaries "
+        "reserved; on the CPU 1 GiB).",
+        min=0.1,
+        show_default=False,
+    ),
+]
 Dense = Annotated[bool, typer.Option("--dense", help="Read every KV page (dense attention), for A/B runs.")]
 DenseSwitch = Annotated[
     Optional[bool],

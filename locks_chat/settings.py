@@ -73,6 +73,9 @@ class Settings:
     """Most tokens in one answer."""
     context: int | None = None
     """Context length in tokens; ``None``: the model's."""
+    kv_cache_gib: float | None = None
+    """KV cache size in GiB; ``None``: on a GPU vLLM's share of its memory (the page summaries reserved), on the
+    CPU 1 GiB."""
 
     def locks_config(self) -> Any:
         """The engine's ``LocksConfig`` for these settings (:func:`locks_config`)."""
@@ -149,6 +152,8 @@ def _type_ok(key: str, value: Any) -> bool:
         return isinstance(value, bool)
     if key == "model":
         return isinstance(value, str)
+    if key == "kv_cache_gib":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 

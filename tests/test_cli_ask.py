@@ -53,8 +53,9 @@ def engine(monkeypatch):
     fake = FakeEngine(answer="The password is BLUE (p. 1).", bins_per_step=[list(range(0, 40))])
     calls = []
 
-    def open_engine(model, locks, max_model_len=None):
+    def open_engine(model, locks, max_model_len=None, kv_cache_gib=None):
         calls.append((model, locks, max_model_len))
+        fake.kv_cache_gib = kv_cache_gib
         return fake
 
     monkeypatch.setattr(locks_chat.engine, "open_engine", open_engine)
@@ -100,6 +101,13 @@ def test_bad_input_gives_one_line_and_exit_2(book, engine, args, code, message):
     assert result.exit_code == code
     assert message in result.stderr
     assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_kv_cache_size_reaches_the_engine(book, engine):
+    assert runner.invoke(app, ["ask", str(book), "q"]).exit_code == 0
+    assert engine.kv_cache_gib is None  # the engine's default: vLLM's share of the GPU, 1 GiB on the CPU
+    assert runner.invoke(app, ["ask", str(book), "q", "--kv-cache-gib", "24.5"]).exit_code == 0
+    assert engine.kv_cache_gib == 24.5
 
 
 def test_document_that_does_not_fit_exits_2(book, engine):
@@ -215,9 +223,10 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["ask", "{book}"], "Missing argument 'QUESTION'"),
         (["ask", "{book}", "q", "--bogus"], "No such option: --bogus"),
         (["sessions", "show", "x"], "Invalid value for 'session_id'"),
+        (["ask", "{book}", "q", "--kv-cache-gib", "0"], "Invalid value for '--kv-cache-gib'"),
     ],
     ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument",
-         "unknown_option", "sessions_id"],
+         "unknown_option", "sessions_id", "kv_cache_of_nothing"],
 )
 def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monkeypatch, capsys):
     """Typer's own usage errors (found before any command runs) go through ``main``: one line naming the help."""

@@ -59,7 +59,7 @@ def tokenizer(monkeypatch):
 def engine(monkeypatch):
     """One scripted engine for every ask of a test, with a prefix cache of 16-token blocks."""
     fake = FakeEngine(answer=ANSWER, bins_per_step=[list(range(0, 40))], prefix_block=16)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda model, locks, max_model_len=None: fake)
+    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda model, locks, max_model_len=None, kv_cache_gib=None: fake)
     return fake
 
 
@@ -117,7 +117,7 @@ def test_a_follow_up_shows_its_prefix_cache_hit_in_the_footer_and_the_json(book,
 
 def test_an_engine_that_does_not_report_the_cache_gets_no_cache_note(book, monkeypatch):
     fake = FakeEngine(answer=ANSWER)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda model, locks, max_model_len=None: fake)
+    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda model, locks, max_model_len=None, kv_cache_gib=None: fake)
     result = ask(book, "What is the password?", "--json")
     assert json.loads(result.stdout)["stats"]["cached_prompt_tokens"] is None
     assert "prefix cache" not in ask(book, "What is the password?").stderr

@@ -55,11 +55,12 @@ class ChatOptions:
             object.__setattr__(self, "locks", self.settings.locks_config())
 
 
-def default_engine_factory(model: str | None, locks: Any, max_model_len: int | None) -> Any:
+def default_engine_factory(model: str | None, locks: Any, max_model_len: int | None,
+                           kv_cache_gib: float | None = None) -> Any:
     """:func:`locks_chat.engine.open_engine`, looked up when called (so tests can replace it)."""
     from locks_chat import engine
 
-    return engine.open_engine(model, locks, max_model_len)
+    return engine.open_engine(model, locks, max_model_len, kv_cache_gib)
 
 
 def default_tokenizer_factory(model: str | None, max_model_len: int | None) -> Any:
@@ -150,7 +151,8 @@ class BookChat:
             if old is not None:
                 old.close()
             start = time.monotonic()
-            engine = self.engine_factory(settings.model, locks, settings.context)
+            sized = {"kv_cache_gib": settings.kv_cache_gib} if settings.kv_cache_gib else {}
+            engine = self.engine_factory(settings.model, locks, settings.context, **sized)
             if self._closed:
                 engine.close()
                 raise EngineError("the app closed while the engine was starting")
