@@ -31,6 +31,8 @@ class AskResult:
     """the citation check: the proposed page of an answer that cites none, and the check as one line"""
     cached_tokens: int | None = None
     """prompt tokens served from the engine's prefix cache (not prefilled again); ``None``: not reported"""
+    dtype: str | None = None
+    """the dtype the model ran in (the engine's choice on the CPU: float32 where the CPU has no native bf16)"""
 
     def to_json(self, document: Document) -> dict[str, Any]:
         return {
@@ -48,6 +50,7 @@ class AskResult:
                 "ttft_ms": self.ttft_ms,
                 "tpot_ms": self.tpot_ms,
                 "finish_reason": self.finish_reason,
+                "dtype": self.dtype,
                 **self.reading.summary(),
             },
         }
@@ -219,4 +222,5 @@ def ask(
     return AskResult(
         answer, check.citations, len(prompt.token_ids), generated,
         first_s * 1000 if first_s is not None else None, tpot, reason, log, check, cached,
+        getattr(engine, "dtype", None),
     )

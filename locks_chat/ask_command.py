@@ -100,7 +100,7 @@ def run_ask(
     tokens = f"{result.generated_tokens} token{'' if result.generated_tokens == 1 else 's'}"
     console.print(
         f"[dim]{tokens} · prompt {result.prompt_tokens:,} tokens{cache_note(result)} · TTFT "
-        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot} · {read} · document pages read: {pages_read}"
+        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot}{f' ({result.dtype})' if result.dtype else ''} · {read} · document pages read: {pages_read}"
         f"{session_note(conversation)}[/]",
         highlight=False, soft_wrap=True,
     )

@@ -41,6 +41,7 @@ def run_mode(args: argparse.Namespace) -> dict:
     from vllm import LLM, SamplingParams
 
     from locks_engine.config import LocksConfig
+    from locks_engine.engine import cpu_dtype, cpu_flags
     from locks_engine.models import resolve_model
 
     extra, fmt = {}, None
@@ -51,9 +52,11 @@ def run_mode(args: argparse.Namespace) -> dict:
         stats = Path(tempfile.mkdtemp(prefix="locks-bench-")) / "stats.bin"
         extra = {"additional_config": {"locks": locks.to_dict(), "locks_stats_path": str(stats)}}
     start = time.perf_counter()
+    dtype = cpu_dtype(cpu_flags()) if args.dtype == "auto" else args.dtype
     llm = LLM(model=str(resolve_model(args.model)), max_model_len=args.max_model_len, enforce_eager=True,
-              enable_prefix_caching=True, seed=0, **extra)
+              enable_prefix_caching=True, seed=0, dtype=dtype, **extra)
     started_s = time.perf_counter() - start
+    dtype = str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")
     ids = llm.get_tokenizer()(Path(args.book).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     if len(ids) < args.context:
         raise SystemExit(f"{args.book} has {len(ids)} tokens, fewer than --context {args.context}")
@@ -70,7 +73,7 @@ def run_mode(args: argparse.Namespace) -> dict:
     for _ in range(args.reps):
         t1, t2 = generate(args.n1), generate(args.n2)
         reps.append({"t_n1_s": t1, "t_n2_s": t2, "tpot_ms": (t2 - t1) * 1000 / (args.n2 - args.n1)})
-    return {"mode": args.mode, "summary_format": fmt, "engine_start_s": started_s, "prefill_s": prefill_s,
+    return {"mode": args.mode, "dtype": dtype, "summary_format": fmt, "engine_start_s": started_s, "prefill_s": prefill_s,
             "reps": reps}
 
 
@@ -91,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results.append(json.loads(lines[-1][len("RESULT "):]))
     print(f"\n{args.context}-token prompt, budget {args.budget}, rank {args.rank}, TPOT from {args.n1} and {args.n2} tokens")
-    print(f"{'mode':<12} {'TPOT ms (median)':>17} {'spread':>15} {'prefill s':>10} {'start s':>8}")
+    print(f"{'mode':<12} {'dtype':<9} {'TPOT ms (median)':>17} {'spread':>15} {'prefill s':>10} {'start s':>8}")
     for r in results:
         tpots = [rep["tpot_ms"] for rep in r["reps"]]
         r["tpot_ms_median"] = statistics.median(tpots)
-        print(f"{r['mode']:<12} {r['tpot_ms_median']:>17.1f} {min(tpots):>7.1f}-{max(tpots):<7.1f} "
+        print(f"{r['mode']:<12} {r['dtype']:<9} {r['tpot_ms_median']:>17.1f} {min(tpots):>7.1f}-{max(tpots):<7.1f} "
               f"{r['prefill_s']:>10.1f} {r['engine_start_s']:>8.1f}")
     if args.json:
         book = {"--book": "../shared/data/books/{name}", "--model": "MODEL_DIR"}

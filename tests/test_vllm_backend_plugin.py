@@ -50,9 +50,11 @@ def test_engine_args_per_platform():
     from vllm import EngineArgs
 
     from locks_engine.config import LocksConfig
-    from locks_engine.engine import WORKER_EXTENSION, EngineOptions, platform_engine_args
+    from locks_engine.engine import WORKER_EXTENSION, EngineOptions, cpu_dtype, cpu_flags, platform_engine_args
 
-    assert platform_engine_args(EngineOptions(kv_cache_gib=1.5), cuda=False) == {"enforce_eager": True}
+    cpu = platform_engine_args(EngineOptions(kv_cache_gib=1.5), cuda=False)
+    assert cpu == {"enforce_eager": True, "dtype": cpu_dtype(cpu_flags())}
+    assert platform_engine_args(EngineOptions(dtype="bfloat16"), cuda=False)["dtype"] == "bfloat16"
     cuda = platform_engine_args(EngineOptions(), cuda=True)
     assert cuda["attention_backend"] == "CUSTOM" and cuda["enforce_eager"] is False
     assert "kv_cache_memory_bytes" not in cuda and cuda["gpu_memory_utilization"] == 0.9
@@ -66,6 +68,18 @@ def test_engine_args_per_platform():
     args = EngineArgs(model="unused", **sized)
     assert args.kv_cache_memory_bytes == 1536 * 2**20 and args.worker_extension_cls == WORKER_EXTENSION
     assert AttentionBackendEnum[str(args.attention_backend).split(".")[-1]] is AttentionBackendEnum.CUSTOM
+
+
+@pytest.mark.parametrize(
+    "flags, dtype",
+    [({"avx2", "fma", "avx512f", "avx512_bf16"}, "auto"), ({"avx2", "amx_tile", "amx_bf16"}, "auto"),
+     ({"avx2", "fma"}, "float32"), ({"avx2", "avx512f", "avx512_vnni"}, "float32"), (set(), "auto")],
+    ids=["avx512_bf16", "amx", "avx2_only", "avx512_without_bf16", "flags_unknown"],
+)
+def test_the_cpu_engine_runs_float32_where_the_cpu_has_no_native_bf16(flags, dtype):
+    from locks_engine.engine import cpu_dtype
+
+    assert cpu_dtype(flags) == dtype
 
 
 def _sigint_after_leave(app_env: str | None) -> bool:

@@ -22,6 +22,8 @@ def parse(description: str = "", argv: list[str] | None = None) -> argparse.Name
     p.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
+    p.add_argument("--dtype", default="auto",
+                   help="vLLM dtype: auto (the app's choice: locks_engine.engine.cpu_dtype), bfloat16, float32")
     p.add_argument("--n1", type=int, default=16)
     p.add_argument("--n2", type=int, default=80)
     p.add_argument("--reps", type=int, default=3)
