@@ -110,3 +110,17 @@ def test_a_scripted_engine_is_not_checked_with_the_real_models_tokenizer(tmp_pat
     chat.load(None)
     chat.check_fits()
     assert chat.tokenizer_factory is None
+
+
+def test_the_status_names_the_dtype_the_engine_chose(tmp_path):
+    """The CPU engine runs float32 where the CPU has no native bf16: the status line and each answer's
+    statistics say which dtype ran; an engine that does not say leaves both out."""
+    (tmp_path / "quiet").mkdir()
+    (tmp_path / "f32").mkdir()
+    quiet = opened(tmp_path / "quiet", FakeEngine())
+    assert quiet.model_name() == "SmolLM2-135M-Instruct (built-in)"
+    engine = FakeEngine()
+    engine.dtype = "float32"
+    chat = opened(tmp_path / "f32", engine)
+    assert chat.model_name() == "SmolLM2-135M-Instruct (built-in), float32"
+    assert ask(chat, "What is the password?").to_json(chat.document)["stats"]["dtype"] == "float32"

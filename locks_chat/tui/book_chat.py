@@ -189,9 +189,12 @@ class BookChat:
         save_settings(replace(saved, **values))
 
     def model_name(self) -> str:
-        """The model in use, for the status line: ``SmolLM2-135M-Instruct (built-in)`` or the ``--model`` value."""
+        """The model in use, for the status line: ``SmolLM2-135M-Instruct (built-in)`` or the ``--model`` value,
+        with the dtype the engine runs it in once it runs (``, float32``: a CPU without native bf16)."""
         model = self.settings.model
-        return "SmolLM2-135M-Instruct (built-in)" if model in (None, "builtin") else Path(model).name or model
+        name = "SmolLM2-135M-Instruct (built-in)" if model in (None, "builtin") else Path(model).name or model
+        dtype = getattr(self.engine, "dtype", None)
+        return f"{name}, {dtype}" if isinstance(dtype, str) else name
 
     def mode(self) -> str:
         """The attention setting answers are made with: ``LOCKS budget 2048, rank 8`` or ``dense``."""

@@ -58,6 +58,7 @@ class MeteredEngine:
         self.on_tick = on_tick
         self.tokenizer = engine.tokenizer
         self.max_context = engine.max_context
+        self.dtype = getattr(engine, "dtype", None)
 
     def stream(self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None) -> Iterator[Any]:
         prefilled, last = 0, (None, None, None)
