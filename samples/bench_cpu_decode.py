@@ -41,7 +41,7 @@ def run_mode(args: argparse.Namespace) -> dict:
     from vllm import LLM, SamplingParams
 
     from locks_engine.config import LocksConfig
-    from locks_engine.engine import cpu_dtype, cpu_flags
+    from locks_engine.platform_args import cpu_dtype, cpu_flags
     from locks_engine.models import resolve_model
 
     extra, fmt = {}, None

@@ -50,7 +50,8 @@ def test_engine_args_per_platform():
     from vllm import EngineArgs
 
     from locks_engine.config import LocksConfig
-    from locks_engine.engine import WORKER_EXTENSION, EngineOptions, cpu_dtype, cpu_flags, platform_engine_args
+    from locks_engine.engine import EngineOptions
+    from locks_engine.platform_args import WORKER_EXTENSION, cpu_dtype, cpu_flags, platform_engine_args
 
     cpu = platform_engine_args(EngineOptions(kv_cache_gib=1.5), cuda=False)
     assert cpu == {"enforce_eager": True, "dtype": cpu_dtype(cpu_flags())}
@@ -77,7 +78,7 @@ def test_engine_args_per_platform():
     ids=["avx512_bf16", "amx", "avx2_only", "avx512_without_bf16", "flags_unknown"],
 )
 def test_the_cpu_engine_runs_float32_where_the_cpu_has_no_native_bf16(flags, dtype):
-    from locks_engine.engine import cpu_dtype
+    from locks_engine.platform_args import cpu_dtype
 
     assert cpu_dtype(flags) == dtype
 
