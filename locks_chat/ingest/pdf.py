@@ -23,7 +23,7 @@ from pathlib import Path
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason, shorten_reason
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.load import unused_password_warning
-from locks_chat.ingest.normalize import normalize_text
+from locks_chat.ingest.normalize import normalize_text, one_line
 from locks_chat.ingest.pagerange import describe_pages, select_pages
 from locks_chat.ingest.progress import ProgressCallback
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
@@ -158,7 +158,7 @@ def _open(data: bytes, source: str, password: str | None):
 def _page_labels(reader, source: str) -> list[str]:
     count = len(reader.pages)
     try:
-        labels = [str(label) for label in reader.page_labels]
+        labels = [one_line(str(label)) for label in reader.page_labels]
     except Exception:
         labels = []
     if len(labels) != count:
@@ -221,7 +221,7 @@ def _title(reader) -> str | None:
         title = reader.metadata.title if reader.metadata else None
     except Exception:
         return None
-    return " ".join(str(title).split()) if title else None
+    return one_line(str(title)) if title else None
 
 
 def _page_name(index: int, labels: Sequence[str]) -> str:
