@@ -14,7 +14,7 @@ import zipfile
 import pytest
 from hypothesis import example, given
 
-from locks_bench import fuzz_check, fuzz_docs, fuzz_mutate
+from locks_bench import fuzz_check, fuzz_docs, fuzz_mutate, fuzz_pdf
 from locks_bench.fuzz_docs import zip_bytes
 from locks_bench.fuzz_pdf import assemble, simple_objects
 from locks_chat.errors import DocumentError, PageRangeError
@@ -53,6 +53,15 @@ def chapter(text: str) -> bytes:
 LABEL_WITH_LINE_BREAK = label_pdf(b"(A\nB\x07)", b"(Evil\x07 title\r\nsecond line)")
 """a page label and a title with a line break and a BEL: the label once split the ``--pages`` error in two
 (an AssertionError, a traceback at the CLI)"""
+REPEATED_PAGE_TREE = assemble([
+    b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+    b"<< /Type /Page /MediaBox [0 0 612 792] /Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>",
+    fuzz_pdf.stream(fuzz_pdf.show(b"the one page")), fuzz_pdf.FONT,
+    *(b"<< /Type /Pages /Kids [%d 0 R %d 0 R] /Count 2 >>" % ((n + 1, n + 1) if n < 20 else (3, 3))
+      for n in range(6, 21)),
+]).replace(b"/Kids [3 0 R]", b"/Kids [6 0 R]")
+"""2 KB whose page tree lists one page object 32,768 times (15 levels of ``/Kids [n 0 R n 0 R]``): the fuzzer's
+version took 100 s, each copy of the page read again in turn"""
 EPUB_TITLE_WITH_ESCAPE = small_epub([("ch.xhtml", chapter("Text."))], title="Clear&#27;[2J screen")
 """an EPUB title holding an ESC sequence that clears the terminal"""
 EPUB_BOMB = small_epub([("ch.xhtml", chapter("all work and no play " * 400_000))])
@@ -78,6 +87,7 @@ def test_mutated_pdfs(tmp_path, case, pages):
 @given(KINDS["pdf-hostile"], fuzz_check.PAGES)
 @example((LABEL_WITH_LINE_BREAK, "doc.pdf"), "9")
 @example((LABEL_WITH_LINE_BREAK, "doc.pdf"), None)
+@example((REPEATED_PAGE_TREE, "doc.pdf"), None)
 def test_hostile_pdfs(tmp_path, case, pages):
     assert_handled(tmp_path, case, pages)
 
@@ -124,6 +134,14 @@ def test_page_label_and_title_are_one_line(tmp_path):
     with pytest.raises(PageRangeError) as info:
         load_document(path, pages="9")
     assert str(info.value) == "--pages '9': no page is printed '9'; valid pages: physical 1-1 (printed A B)"
+
+
+def test_a_page_object_listed_again_is_read_once(tmp_path):
+    document = load_document(write(tmp_path, "repeated.pdf", REPEATED_PAGE_TREE))
+    assert len(document.pages) == document.page_count == 32_768
+    assert document.text == "the one page"
+    assert document.warnings == ("pages 2-32768: the page object of an earlier page again (a damaged page tree), "
+                                 "skipped",)
 
 
 def test_epub_title_loses_its_escape_sequence(tmp_path):

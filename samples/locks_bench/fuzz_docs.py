@@ -4,9 +4,10 @@ EPUBs are zip archives written member by member (:func:`zip_bytes`), so names th
 possible: a package path or manifest ``href`` with ``../``, an absolute path, a URL or a drive letter, spine
 entries that name nothing, chapters in another encoding than they declare, with control characters, nested
 thousands deep or with an entity-expansion DTD, and huge members: declared past the unpacked-size cap, declared
-smaller than they inflate to, or really inflating to megabytes (from kilobytes, or incompressible). Text is a concatenation of segments each in its
-own encoding (UTF-8/16/32, cp1252, Shift-JIS, KOI8-R, ...), raw bytes and control characters (ESC sequences,
-NUL, lone CR, form feeds, U+2028, BOMs in the middle), optionally repeated to a megabyte.
+smaller than they inflate to, or really inflating to megabytes (from kilobytes, or incompressible). Text is a
+concatenation of segments each in its own encoding (UTF-8/16/32, cp1252, Shift-JIS, KOI8-R, ...), raw bytes and
+control characters (ESC sequences, NUL, lone CR, form feeds, U+2028, BOMs in the middle), sometimes repeated to a
+megabyte.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ def mixed_text(max_segments: int = 40) -> st.SearchStrategy[bytes]:
     segment = st.tuples(st.text(max_size=80), st.sampled_from(ENCODINGS)).map(
         lambda pair: pair[0].encode(pair[1], errors="replace"))
     control = st.sampled_from(CONTROLS).map(lambda c: c.encode("utf-8"))
-    parts = st.lists(segment | control | st.binary(max_size=64), max_size=max_segments).map(b"".join)
-    return st.tuples(parts, st.sampled_from([1, 1, 1, 2, 1000, 20_000])).map(lambda pair: pair[0] * pair[1])
+    return st.lists(segment | control | st.binary(max_size=64), max_size=max_segments).map(b"".join)
+
+
+# Hypothesis keeps every value a strategy returns until its run ends, so large bytes are made from small draws
+# in plain code (``REPEATS`` times a drawn text, :func:`_big_body`), not returned by a ``map``
+REPEATS = (1, 1, 1, 2, 100, 1000)
+"""how many times a drawn text is repeated into a file: mostly once, sometimes to about a megabyte"""
 
 
 @st.composite
@@ -56,7 +62,7 @@ def text_files(draw) -> tuple[bytes, str]:
     prefix = draw(st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff", b"\xff\xfe\x00\x00", b"# ",
                                    b"# Title\x1b[1m\n\n", b"---\ntitle: x\n---\n"]))
     name = draw(st.sampled_from(["doc.txt", "doc.md", "doc.markdown", "doc", "doc.TXT", "doc.rst"]))
-    return prefix + draw(mixed_text()), name
+    return prefix + draw(mixed_text()) * draw(st.sampled_from(REPEATS)), name
 
 
 def zip_bytes(members: Sequence[tuple[str, bytes]], declared: dict[int, int] | None = None) -> bytes:
@@ -85,12 +91,14 @@ def zip_bytes(members: Sequence[tuple[str, bytes]], declared: dict[int, int] | N
     return bytes(data)
 
 
-def _big_body(kind: str) -> st.SearchStrategy[bytes]:
-    """Megabytes of XHTML: repeated (compressed over 1000x, a zip bomb) or pseudo-random words (about 2x)."""
+def _big_body(kind: str, number: int) -> bytes:
+    """Megabytes of XHTML: ``"bomb"``, ``number`` repeated paragraphs (compressed over 1000x); ``"noise"``,
+    ``number`` pseudo-random bytes as hexadecimal words (compressed about 2x); ``""``, nothing."""
     if kind == "bomb":
-        return st.sampled_from([40_000, 300_000]).map(lambda n: b"<p>all work and no play</p>" * n)
-    return st.tuples(st.integers(0, 2**32), st.sampled_from([1 << 16, 1 << 20])).map(
-        lambda pair: b"<p>%s</p>" % random.Random(pair[0]).randbytes(pair[1]).hex(" ", 4).encode())
+        return b"<p>all work and no play</p>" * number
+    if kind == "noise":
+        return b"<p>%s</p>" % random.Random(number).randbytes(number % (1 << 18)).hex(" ", 4).encode()
+    return b""
 
 
 def _chapter(body: bytes, encoding: str, claimed: str, depth: int, laughs: bool) -> bytes:
@@ -111,7 +119,8 @@ def _member_name(opf_path: str, href: str) -> st.SearchStrategy[str]:
     """Where a manifest ``href`` is stored in the zip: resolved against the package's folder (as readers do),
     or stored as written."""
     folder = posixpath.dirname(opf_path)
-    return _mostly(posixpath.normpath(posixpath.join(folder, href)), st.sampled_from([posixpath.join(folder, href), href]))
+    resolved = posixpath.normpath(posixpath.join(folder, href))
+    return _mostly(resolved, st.sampled_from([posixpath.join(folder, href), href]))
 
 
 @st.composite
@@ -126,7 +135,9 @@ def epub_files(draw) -> bytes:
         encoding = draw(_mostly("utf-8", st.sampled_from(ENCODINGS)))
         claimed = draw(_mostly(encoding, st.sampled_from(ENCODINGS + ("nonsense",))))
         depth = draw(st.sampled_from([0, 1, 300, 5000, 100_000]))
-        body = b"<p>Chapter %d.</p>" % index + draw(mixed_text(10)) + draw(_mostly(b"", st.sampled_from(["bomb", "noise"]).flatmap(_big_body)))
+        big = draw(_mostly("", st.sampled_from(["bomb", "noise"])))
+        number = draw(st.sampled_from([40_000, 300_000]) if big == "bomb" else st.integers(0, 2**32))
+        body = b"<p>Chapter %d.</p>" % index + draw(mixed_text(10)) + _big_body(big, number)
         chapter = _chapter(body, encoding, claimed, depth, draw(_mostly(False, st.just(True))))
         members.append((draw(_member_name(opf_path, href)), chapter))
         media = draw(_mostly("application/xhtml+xml", st.sampled_from(["image/png", "text/css", "x/y", ""])))
