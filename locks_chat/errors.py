@@ -8,7 +8,11 @@ wrong and the next step, on one line, e.g.
 
 from __future__ import annotations
 
+import re
 import textwrap
+
+# control characters that are not whitespace (whitespace is collapsed): shown escaped, never sent to the terminal
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
 
 
 class LocksChatError(Exception):
@@ -51,7 +55,9 @@ def exception_reason(exc: BaseException, limit: int = 120) -> str:
 
 
 def shorten_reason(text: str, limit: int = 120) -> str:
-    """``text`` on one line, cut at a word boundary with ``...`` when longer than ``limit`` characters."""
+    """``text`` on one line, cut at a word boundary with ``...`` when longer than ``limit`` characters; control
+    characters (a damaged file's bytes quoted by a library: ``/\\x00lateDecode``) escaped."""
+    text = _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
     short = textwrap.shorten(text, width=limit, placeholder="...", break_on_hyphens=False)
     if short == "..." and text.strip():  # one word longer than the limit: cut inside it
         short = " ".join(text.split())[: max(1, limit - 3)] + "..."

@@ -1,9 +1,27 @@
 """Shared fixtures: every test gets its own user directory (``LOCKS_CHAT_HOME``); the built-in model's directory
-for the real-engine tests (skipped when it cannot be installed)."""
+for the real-engine tests (skipped when it cannot be installed). Hypothesis profiles: ``ci``, the default, sized so
+that the fuzzed-ingestion tests (``tests/test_ingest_fuzz.py``) take under two minutes on two CPU cores and draw the
+same inputs on every run; ``fuzz`` (``pytest --hypothesis-profile=fuzz``) draws 20 times more, at random, and keeps
+failing inputs in ``.hypothesis/``."""
 
 import signal
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
+                           HealthCheck.function_scoped_fixture],
+)
+settings.register_profile("fuzz", settings.get_profile("ci"), max_examples=4000, derandomize=False,
+                          database=settings.get_profile("default").database)
+settings.load_profile("ci")
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     # a shell without job control starts background jobs with SIGINT ignored, and Python then installs no

@@ -6,7 +6,11 @@ without text (a cover image, an empty title page) and the navigation document (t
 contents, which some books put in the spine) are left out of the numbering. EPUBs
 whose content is encrypted (DRM) are refused; font obfuscation is not DRM and is accepted. An
 archive whose files add up to more than :data:`~locks_chat.ingest.load.MAX_DOCUMENT_BYTES` once
-unpacked (a zip bomb) is refused before anything is decompressed.
+unpacked, or with a file over :data:`RATIO_FLOOR_BYTES` that unpacks to more than :data:`MAX_RATIO`
+times its packed size (a zip bomb: a 40 KB file holding 8 MB of XHTML, whose text extraction takes
+12 MB of memory and half a second per MB), is refused before anything is decompressed. Each chapter's
+text is extracted under the per-page time limit (:mod:`.timelimit`); one that runs past it is skipped
+with a warning.
 """
 
 from __future__ import annotations
@@ -15,29 +19,38 @@ import io
 import re
 import warnings as py_warnings
 import zipfile
+from functools import partial
 from pathlib import Path
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.encoding import decode_text
-from locks_chat.ingest.normalize import normalize_text
+from locks_chat.ingest.normalize import normalize_text, one_line
 from locks_chat.ingest.pagerange import select_pages
+from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 
 _FONT_OBFUSCATION = ("http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC")
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
+MAX_RATIO = 100
+"""largest unpacked / packed size of one archive member (text compresses 3-10x, deflate at most ~1000x)"""
+RATIO_FLOOR_BYTES = 1 << 20
+"""members that unpack to at most this many bytes (1 MiB) are not checked for :data:`MAX_RATIO`"""
 
 
-def read_epub(data: bytes, source: str, *, pages: str | None = None) -> Document:
+def read_epub(
+    data: bytes, source: str, *, pages: str | None = None, page_time_limit: float | None = 10.0
+) -> Document:
     """Extract the text of an EPUB's chapters.
 
     Args:
         data (bytes): the EPUB file's content (a zip archive).
         source (str): the file name, for messages.
         pages (str | None): a ``--pages`` selector over chapters (:mod:`.pagerange`).
+        page_time_limit (float | None): seconds one chapter's text extraction may take; ``None`` for no limit.
 
     Raises:
         EncryptedError: the content is DRM-encrypted.
-        DocumentError: not a readable EPUB, or larger than ``MAX_DOCUMENT_BYTES`` unpacked.
+        DocumentError: not a readable EPUB, larger than ``MAX_DOCUMENT_BYTES`` unpacked, or a zip bomb.
         NoTextError: no chapter has text.
         PageRangeError: ``pages`` is malformed or out of range.
     """
@@ -53,19 +66,18 @@ def read_epub(data: bytes, source: str, *, pages: str | None = None) -> Document
         reason = exception_reason(exc) if type(exc).__module__.startswith("ebooklib") else _damaged(exc)
         raise DocumentError(f"{source}: not a readable EPUB ({reason}); pass another file") from exc
     warnings: list[str] = []
-    texts = [text for text in (_item_text(book, idref, source, warnings) for idref, _ in book.spine) if text]
+    spine = (_item_text(book, idref, source, warnings, page_time_limit) for idref, _ in book.spine)
+    texts = [text for text in spine if text]
     if not texts:
         raise NoTextError(f"{source}: the EPUB has no text in its chapters; pass another file")
     labels = [str(i + 1) for i in range(len(texts))]
     raw = [RawPage(i + 1, labels[i], texts[i]) for i in select_pages(pages, labels)]
     titles = book.get_metadata("DC", "title")
-    title = " ".join(str(titles[0][0]).split()) if titles else Path(source).stem
+    title = (one_line(str(titles[0][0])) if titles else "") or Path(source).stem
     return build_document(source, "epub", PageKind.CHAPTER, title, raw, len(texts), warnings)
 
 
-def _item_text(book, idref: str, source: str, warnings: list[str]) -> str:
-    from inscriptis import get_text
-
+def _item_text(book, idref: str, source: str, warnings: list[str], page_time_limit: float | None) -> str:
     from ebooklib import epub
 
     item = book.get_item_with_id(idref)
@@ -74,18 +86,27 @@ def _item_text(book, idref: str, source: str, warnings: list[str]) -> str:
         return ""
     if isinstance(item, epub.EpubNav):
         return ""
-    content = item.get_content()
+    content, name = item.get_content(), one_line(item.get_name())
     try:
         html = content.decode("utf-8")
     except UnicodeDecodeError:
-        html, _ = decode_text(content, f"{source}:{item.get_name()}")
-        warnings.append(f"{item.get_name()}: not UTF-8, decoded by guessing")
+        html, _ = decode_text(content, f"{source}:{name}")
+        warnings.append(f"{name}: not UTF-8, decoded by guessing")
     html = _XML_DECLARATION.sub("", html)
     try:
-        return normalize_text(get_text(html) if html.strip() else "", collapse_spaces=True)
-    except Exception as exc:
-        warnings.append(f"{item.get_name()}: unreadable XHTML ({exception_reason(exc)}), skipped")
+        return call_with_time_limit(partial(_html_text, html), page_time_limit)
+    except TimeLimitExceeded:
+        warnings.append(f"{name}: text extraction took over {page_time_limit:g} s, skipped")
         return ""
+    except Exception as exc:
+        warnings.append(f"{name}: unreadable XHTML ({exception_reason(exc)}), skipped")
+        return ""
+
+
+def _html_text(html: str) -> str:
+    from inscriptis import get_text
+
+    return normalize_text(get_text(html) if html.strip() else "", collapse_spaces=True)
 
 
 def _refuse_drm(data: bytes, source: str) -> None:
@@ -100,6 +121,12 @@ def _refuse_drm(data: bytes, source: str) -> None:
                     f"{source}: unpacks to more than {limit}: not an EPUB locks-chat reads (a zip bomb?); "
                     "pass another file"
                 )
+            for info in archive.infolist():
+                if info.file_size > max(RATIO_FLOOR_BYTES, MAX_RATIO * info.compress_size):
+                    raise DocumentError(
+                        f"{source}: {one_line(info.filename)} unpacks to {info.file_size:,} bytes from "
+                        f"{info.compress_size:,} (a zip bomb?): not an EPUB locks-chat reads; pass another file"
+                    )
             if "META-INF/encryption.xml" not in archive.namelist():
                 return
             manifest = archive.read("META-INF/encryption.xml").decode("utf-8", errors="replace")

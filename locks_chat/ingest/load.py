@@ -60,7 +60,7 @@ def load_document(
             (:mod:`locks_chat.ingest.pagerange`); ``None`` for the whole document.
         progress (ProgressCallback | None): called with (pages done, pages total) while a
             PDF is read; see :func:`locks_chat.ingest.progress.rich_progress`.
-        page_time_limit (float | None): seconds one PDF page may take before it is
+        page_time_limit (float | None): seconds one PDF page or EPUB chapter may take before it is
             skipped with a warning; ``None`` for no limit.
 
     Raises:
@@ -112,7 +112,7 @@ def _load_bytes(
     if kind == "epub":
         from locks_chat.ingest.epub import read_epub
 
-        document = read_epub(data, source, pages=pages)
+        document = read_epub(data, source, pages=pages, page_time_limit=page_time_limit)
     else:
         from locks_chat.ingest.text import read_text
 

@@ -60,3 +60,10 @@ def normalize_text(text: str, *, collapse_spaces: bool = False) -> str:
         text = _INNER_SPACES.sub(" ", text)
     text = _BLANK_LINES.sub("\n\n", text)
     return text.strip()
+
+
+def one_line(text: str) -> str:
+    """``text`` from a document for one line of a message, a page label or a title: normalized
+    (:func:`normalize_text`, control characters dropped), line breaks and runs of whitespace made one space.
+    A damaged or crafted file's page label ``"A\\nB"`` would otherwise split an error message in two."""
+    return " ".join(normalize_text(text).split())

@@ -6,7 +6,8 @@ pypdf reads in non-strict mode, so broken cross-reference tables are rebuilt; a 
 cannot open (a truncated download has lost its trailer) is retried once with a new trailer
 so the objects that remain are read. pypdf's log messages are collected into one warning
 instead of being printed. Each page is extracted under a time limit (:mod:`.timelimit`); a page that fails
-or runs past it is skipped with a warning. Pages with images but no text are named in a
+or runs past it is skipped with a warning, and so is a page whose object an earlier page already is (a damaged
+or crafted page tree that repeats one page object thousands of times). Pages with images but no text are named in a
 warning ("page 2: no text layer, OCR needed"); a selection with no text at all is refused.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason, shorten_reason
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.load import unused_password_warning
-from locks_chat.ingest.normalize import normalize_text
+from locks_chat.ingest.normalize import normalize_text, one_line
 from locks_chat.ingest.pagerange import describe_pages, select_pages
 from locks_chat.ingest.progress import ProgressCallback
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
@@ -158,7 +159,7 @@ def _open(data: bytes, source: str, password: str | None):
 def _page_labels(reader, source: str) -> list[str]:
     count = len(reader.pages)
     try:
-        labels = [str(label) for label in reader.page_labels]
+        labels = [one_line(str(label)) for label in reader.page_labels]
     except Exception:
         labels = []
     if len(labels) != count:
@@ -179,29 +180,57 @@ def _extract(
     raw_pages: list[RawPage] = []
     no_layer: list[int] = []
     skipped: list[str] = []
+    repeated: list[int] = []
+    objects: set[tuple[int, int]] = set()
     if progress is not None:
         progress(0, len(selected))
     for done, index in enumerate(selected, start=1):
-        name = _page_name(index, labels)
-        try:
-            text, has_images = call_with_time_limit(partial(_read_page, reader, index), page_time_limit)
-        except TimeLimitExceeded:
-            skipped.append(f"{name}: text extraction took over {page_time_limit:g} s, skipped")
-            # an abandoned extraction may still be running on the old reader
-            reader = reopen()
+        key = _page_object(reader, index)
+        if key is not None and key in objects:
+            repeated.append(index)
             text, has_images = "", False
-        except Exception as exc:
-            skipped.append(f"{name}: text extraction failed ({exception_reason(exc)}), skipped")
-            text, has_images = "", False
+        else:
+            objects.add(key)
+            reader, text, has_images = _read_page_limited(reader, reopen, index, labels, page_time_limit, skipped)
         if not text and has_images:
             no_layer.append(index)
         raw_pages.append(RawPage(index + 1, labels[index], text))
         if progress is not None:
             progress(done, len(selected))
     warnings = skipped
+    if repeated:
+        warnings.append(f"{_pages_name(repeated, labels)}: the page object of an earlier page again (a damaged page "
+                        "tree), skipped")
     if no_layer:
         warnings.append(f"{_pages_name(no_layer, labels)}: no text layer, OCR needed")
     return raw_pages, warnings
+
+
+def _read_page_limited(reader, reopen, index: int, labels: Sequence[str], page_time_limit: float | None,
+                       skipped: list[str]):
+    """:func:`_read_page` under the time limit: (the reader to go on with, text, has images); a page that fails or
+    runs past the limit is empty, with a line in ``skipped``."""
+    name = _page_name(index, labels)
+    try:
+        return reader, *call_with_time_limit(partial(_read_page, reader, index), page_time_limit)
+    except TimeLimitExceeded:
+        skipped.append(f"{name}: text extraction took over {page_time_limit:g} s, skipped")
+        # an abandoned extraction may still be running on the old reader
+        return reopen(), "", False
+    except Exception as exc:
+        skipped.append(f"{name}: text extraction failed ({exception_reason(exc)}), skipped")
+        return reader, "", False
+
+
+def _page_object(reader, index: int) -> tuple[int, int] | None:
+    """(object number, generation) of a page; ``None`` for a page written inline in its tree. A page tree that
+    lists one page object many times (``/Kids [4 0 R 4 0 R]`` at each of 16 levels: 65,536 pages from 2 KB) has it
+    read once, so reading time follows the file's size."""
+    try:
+        ref = reader.pages[index].indirect_reference
+    except Exception:
+        return None
+    return None if ref is None else (ref.idnum, ref.generation)
 
 
 def _read_page(reader, index: int) -> tuple[str, bool]:
@@ -221,7 +250,7 @@ def _title(reader) -> str | None:
         title = reader.metadata.title if reader.metadata else None
     except Exception:
         return None
-    return " ".join(str(title).split()) if title else None
+    return one_line(str(title)) if title else None
 
 
 def _page_name(index: int, labels: Sequence[str]) -> str:
