@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from locks_bench.ruler import (
-    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, check_model_dir, engine_env, ensure_punkt_tab,
+    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, check_backend, check_model_dir, engine_env, ensure_punkt_tab,
     import_lm_eval_vllm, locks_settings, model_args, nltk_data_env, parse_setting, task_metadata)
 from locks_bench.ruler_results import result_path, task_row, timed_row, write_ruler_result
 
@@ -42,9 +42,24 @@ def on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def run_part(spec: dict) -> None:
+def run_part(spec: dict) -> int:
     """The child: one engine (``spec["setting"]`` at ``spec["context"]``), every task in turn; the part file is
-    rewritten after each task, so a run stopped by its timeout keeps the tasks it finished."""
+    rewritten after each task, so a run stopped by its timeout keeps the tasks it finished. A ``RulerError``
+    (the wrong attention ran) ends it with status 1 and the error in the part file."""
+    part = {"setting": spec["setting"], "context": spec["context"], "tasks": []}
+    try:
+        run_tasks(spec, part)
+    except RulerError as err:
+        part["error"] = str(err)
+        log(f"bench_ruler: {err}")
+        return 1
+    finally:
+        Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
+    return 0
+
+
+def run_tasks(spec: dict, part: dict) -> None:
+    """Start the engine, check which attention it runs (``check_backend``), evaluate each task into ``part``."""
     import random
 
     import lm_eval
@@ -52,11 +67,14 @@ def run_part(spec: dict) -> None:
     from lm_eval.tasks import TaskManager
 
     setting, context, seed = parse_setting(spec["setting"]), spec["context"], spec["seed"]
-    part = {"setting": setting.name, "context": context, "tasks": []}
+    stats_path = spec["part_path"] + ".stats"
     start = time.perf_counter()
-    lm = import_lm_eval_vllm()(**model_args(spec["model"], setting, context, on_cuda(), EngineSizes(**spec["sizes"])))
+    lm = import_lm_eval_vllm()(**model_args(spec["model"], setting, context, on_cuda(), EngineSizes(**spec["sizes"]),
+                                            stats_path))
     part["engine_start_s"] = round(time.perf_counter() - start, 1)
-    log(f"{setting.name} at {context}: engine started in {part['engine_start_s']} s")
+    stats = check_backend(setting, stats_path)
+    log(f"{setting.name} at {context}: engine started in {part['engine_start_s']} s, "
+        f"{'no LOCKS layer' if stats is None else 'LOCKS on every attention layer'}")
     manager = TaskManager(metadata=task_metadata(spec["model"], context))
     for task in spec["tasks"]:
         # the samples are drawn from Python's and numpy's global generators while the task is built
@@ -71,6 +89,8 @@ def run_part(spec: dict) -> None:
             apply_chat_template=spec["chat_template"], log_samples=True)
         row = timed_row(task_row(results, task, context), t1 - t0, time.perf_counter() - t1)
         part["tasks"].append(row)
+        if stats is not None:
+            part["locks_steps"] = stats.written()
         log(f"  {task}: {row['accuracy']:.1f}% of {row['samples']} samples, {row['s_per_sample']} s a sample "
             f"(data {row['data_s']} s)")
         Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
@@ -93,11 +113,13 @@ def run_setting(args, setting: Setting, context: int, folder: Path, sizes: Engin
     part = json.loads(part_path.read_text()) if part_path.is_file() else {"setting": setting.name,
                                                                          "context": context, "tasks": []}
     part_path.unlink(missing_ok=True)
+    for stats in folder.glob(part_path.name + ".stats*"):
+        stats.unlink()
     cuda = on_cuda()
     part["attention"] = "LOCKS" if setting.mode == "locks" else ("FLASH_ATTN" if cuda else "CPU_ATTN")
     part["locks"] = locks_settings(setting, context).to_dict() if setting.mode == "locks" else None
     if status != 0:
-        part["error"] = f"the engine process ended with {status} (see ruler_log.txt)"
+        part.setdefault("error", f"the engine process ended with {status} (see ruler_log.txt)")
     return part
 
 
@@ -138,8 +160,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.part:
-        run_part(json.loads(args.part))
-        return 0
+        return run_part(json.loads(args.part))
     from locks_bench.results import header as result_header
     from platformdirs import user_cache_dir
 

