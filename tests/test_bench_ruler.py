@@ -227,8 +227,10 @@ def test_result_file_with_its_table(tmp_path):
             {"setting": "locks:5%", "context": 4096, "tasks": rows(4096, 50.0)},
             {"setting": "dense", "context": 8192, "tasks": rows(8192, 90.0)},
             {"setting": "locks:5%", "context": 8192, "tasks": [], "error": "the engine process ended with timeout"}]
-    path = ruler_results.result_path(tmp_path, header, [4096, 8192])
-    assert path == tmp_path / "2026-12-04_cpu_abc1234" / "ruler_4096-8192.json"
+    path = ruler_results.result_path(tmp_path, header, [4096, 8192], ["dense", "locks:5%"])
+    assert path == tmp_path / "2026-12-04_cpu_abc1234" / "ruler_4096-8192_dense-locks5pct.json"
+    assert ruler_results.result_path(tmp_path, header, [16384], ["locks:2048", "locks:0.5%"], ["ruler_cwe"]).name == (
+        "ruler_16384_locks2048-locks0p5pct_ruler_cwe.json")
     ruler_results.write_ruler_result(path, header, {"limit": 3}, runs)
     doc = json.loads(path.read_text())
     assert doc["commit"] == "abc1234+" and doc["limit"] == 3 and doc["runs"] == runs
