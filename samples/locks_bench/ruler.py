@@ -162,7 +162,7 @@ def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes
                 kv_cache_memory_bytes=int(sizes.kv_cache_gib * 2**30),
                 compilation_config={"cudagraph_capture_sizes": sizes_pow2})
     if stats_path is not None:
-        from locks_engine.engine import WORKER_EXTENSION
+        from locks_engine.platform_args import WORKER_EXTENSION
 
         args["worker_extension_cls"] = WORKER_EXTENSION
     return args
