@@ -65,6 +65,13 @@ class EngineOptions:
     dtype: str = "auto"
     """vLLM's ``dtype``; ``"auto"``: the model's on CUDA, :func:`cpu_dtype` on the CPU."""
     seed: int = 0
+    tensor_parallel_size: int = 1
+    """GPUs the model is split over (vLLM's tensor parallelism; each rank holds its KV heads' pages)."""
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    """CUDA: the decode batch sizes captured as CUDA graphs; ``None``: 1, 2, 4 and 8 up to ``max_num_seqs``."""
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """Further ``vllm.EngineArgs`` fields, passed as they are (benchmarks: ``scheduler_cls``,
+    ``disable_cascade_attn``); they override the platform's."""
 
 
 @dataclass
@@ -126,7 +133,8 @@ class LocksEngine:
             # the app shows its own progress; the loader's bar would print over it
             use_tqdm_on_load=False,
             additional_config=extra,
-            **platform_engine_args(options, self.on_cuda),
+            tensor_parallel_size=options.tensor_parallel_size,
+            **{**platform_engine_args(options, self.on_cuda), **options.engine_args},
         )
         try:
             self.llm = LLMEngine.from_engine_args(args)
@@ -239,6 +247,49 @@ class LocksEngine:
                         # down: the abort is best effort and the interrupt goes on
                         if not interrupted:
                             raise
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = False,
+                 ) -> tuple[list[list[int]], list[dict[str, Any]]]:
+        """Greedy generation for a batch of prompts decoded together (benchmarks: TPOT of a batch, throughput).
+
+        Args:
+            prompts (list[list[int]]): prompt token ids, one list per sequence (each at most
+                ``max_context - max_tokens``).
+            max_tokens (int): most tokens to generate per sequence. ignore_eos (bool): generate exactly
+                ``max_tokens`` per sequence.
+        Returns:
+            The generated token ids per prompt (in the order given) and the statistics records of every step
+            (as :attr:`StreamEvent.stats`; empty without statistics).
+        Raises:
+            KeyboardInterrupt: the requests are aborted in the engine and it propagates.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        with self._lock:
+            self._new_stats()
+            rids = [f"locks-{next(self._ids)}" for _ in prompts]
+            tokens: dict[str, list[int]] = {}
+            records: list[dict[str, Any]] = []
+            try:
+                for rid, prompt in zip(rids, prompts):
+                    self.llm.add_request(rid, {"prompt_token_ids": list(prompt)}, params)
+                while len(tokens) < len(rids) and self.llm.has_unfinished_requests():
+                    for out in self.llm.step():
+                        if out.finished and out.request_id in rids:
+                            tokens[out.request_id] = list(out.outputs[0].token_ids)
+                    if len(tokens) == len(rids):
+                        self._flush_device_stats()  # the last token's step
+                    records += self._new_stats()
+            finally:
+                left = [rid for rid in rids if rid not in tokens]
+                if left:
+                    self.llm.abort_request(left)
+                    while self.llm.has_unfinished_requests():
+                        self.llm.step()
+            return [tokens.get(rid, []) for rid in rids], records
 
     def close(self) -> None:
         """Shut the engine down and remove the statistics file."""

@@ -70,7 +70,8 @@ def platform_engine_args(options: EngineOptions, cuda: bool) -> dict[str, Any]:
         "enforce_eager": bool(options.enforce_eager),
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "max_num_seqs": options.max_num_seqs,
-        "compilation_config": {"cudagraph_capture_sizes": [n for n in (1, 2, 4, 8) if n <= options.max_num_seqs]},
+        "compilation_config": {"cudagraph_capture_sizes": sorted(options.cudagraph_capture_sizes or [
+            n for n in (1, 2, 4, 8) if n <= options.max_num_seqs])},
         "worker_extension_cls": WORKER_EXTENSION,
     }
     if options.kv_cache_gib is not None:

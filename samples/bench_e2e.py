@@ -10,9 +10,10 @@ other, and serves every context of the run:
 - TPOT: the same prompt again, now cached, generating ``n1`` and then ``n2`` tokens; TPOT is the time difference
   over ``n2 - n1`` (per-request costs cancel), repeated ``--reps`` times: median and spread are reported;
 - batch: ``--batch`` sequences of distinct prompts at once, the same two lengths (decode throughput);
-- sparsity: LOCKS keeps device-side totals of the pages its last layer read (``DeviceCounters``, counted inside
-  the CUDA graphs); eager decode calls of the attention backend are counted too, so a silent fallback from
-  CUDA graphs to eager shows (expected: 0 after capture);
+- sparsity: the pages LOCKS read, from the statistics ring the app reads (written on the device inside the CUDA
+  graphs, ``locks_engine.vllm_backend.device_stats``; ``--no-stats`` runs without it, for its cost); eager decode
+  calls of the attention backend are counted too, so a silent fallback from CUDA graphs to eager shows
+  (expected: 0 after capture);
 - the backend's metadata build time per step (host), and the GPU memory of LOCKS' page summaries;
 - ``--profile-steps N``: torch's profiler over N decode tokens (kernels inside the CUDA graph, device busy time per
   step against the wall time); ``--py-spy-steps N``: py-spy over N decode tokens, this process and vLLM's engine
@@ -56,9 +57,10 @@ from pathlib import Path
 from locks_bench import e2e_fit
 from locks_bench.e2e import (
     BACKENDS,
-    backend_name,
+    bench_prompt,
     build_parser,
     child_args,
+    decode_pages,
     engine_name,
     kv_bytes_per_token,
     merge_probes,
@@ -69,7 +71,6 @@ from locks_bench.e2e import (
 )
 from locks_bench.engines import find_py_spy, run_engine_process, summarize_py_spy
 from locks_bench.probes import (
-    DEVICE_COUNTERS_HOOK,
     install_probes,
     read_probes,
     reset_probes,
@@ -93,9 +94,7 @@ def run_header(args: argparse.Namespace) -> dict:
 def run_engine(args: argparse.Namespace) -> dict:
     """One engine: every context of the run; returns the result dict (also written by the caller)."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends the probe functions
-    import numpy as np
-    import torch
-    from vllm import LLM, SamplingParams
+    from locks_engine.engine import EngineOptions, LocksEngine
 
     contexts = parse_ints(args.contexts)
     batches = parse_batches(args.batch)
@@ -111,23 +110,34 @@ def run_engine(args: argparse.Namespace) -> dict:
     # KV for the largest (context x batch) cell, with 2% and 1 GiB of slack; LOCKS' summaries come on top
     need_tokens = max(c * batches.get(c, 1) for c in contexts) + seqs * (n2 + 64)
     kv_bytes = int(need_tokens * per_token * 1.02) + (1 << 30)
-    extra = {}
-    if locks:
-        locks_cfg = {"budget": args.budget, "rank": args.rank}
-        if args.summary_format:
-            locks_cfg["summary_format"] = args.summary_format
-        extra = {"locks": locks_cfg, "locks_hooks": [DEVICE_COUNTERS_HOOK]}
+    locks_cfg = LocksConfig(budget=args.budget, rank=args.rank, dense=not locks,
+                            **({"summary_format": args.summary_format} if args.summary_format else {}))
     capture = sorted({1, *batches.values()})
-    start = time.perf_counter()
-    llm = LLM(
-        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-        max_model_len=max_len, attention_backend=backend_name(args.backend, torch.cuda.is_available()), additional_config=extra,
-        kv_cache_memory_bytes=kv_bytes, tensor_parallel_size=args.tp, max_num_seqs=max(seqs, 1),
-        enable_prefix_caching=True, enforce_eager=args.eager, seed=0,
-        compilation_config={"cudagraph_capture_sizes": capture}, **prefix_walk_kwargs(args.no_prefix_walk),
+    # the app's engine (locks_engine.LocksEngine): its platform arguments, its statistics ring (counted on the
+    # device inside the CUDA graphs), here with dummy weights and a KV cache sized to the run
+    options = EngineOptions(
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_len,
+        locks=locks_cfg, kv_cache_gib=kv_bytes / 2**30, max_num_seqs=seqs, enforce_eager=args.eager or None,
+        tensor_parallel_size=args.tp, cudagraph_capture_sizes=tuple(capture), stats=locks and not args.no_stats,
+        engine_args={"enable_prefix_caching": True, **prefix_walk_kwargs(args.no_prefix_walk)},
     )
+    start = time.perf_counter()
+    engine = LocksEngine(options)
     start_s = time.perf_counter() - start
-    llm.apply_model(install_probes)
+    try:
+        return measure_engine(engine, args, cfg, contexts, batches, (n1, n2), start_s, kv_bytes)
+    finally:
+        engine.close()
+
+
+def measure_engine(engine, args: argparse.Namespace, cfg: dict, contexts: list[int], batches: dict[int, int],
+                   decode: tuple[int, int], start_s: float, kv_bytes: int) -> dict:
+    """Every cell of one started engine (then the profiles asked for); returns the result dict."""
+    import torch
+
+    n1, n2 = decode
+    locks = args.backend == "locks"
+    engine.llm.apply_model(install_probes)
     free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
     result = {
         **run_header(args),
@@ -140,6 +150,9 @@ def run_engine(args: argparse.Namespace) -> dict:
         "prefix_walk": not args.no_prefix_walk,
         # which GPU ran it (a hash of its UUID): summaries fit depths and pair rows within one machine
         "machine": machine_tag(torch),
+        "statistics": engine.ring is not None,
+        # decode without CUDA graphs: --eager, or the CPU (the check of eager decode calls then does not apply)
+        "eager": bool(engine.llm.vllm_config.model_config.enforce_eager),
         "engine_start_s": round(start_s, 1), "kv_cache_bytes": kv_bytes, "n1": n1, "n2": n2, "reps": args.reps,
         "gpu_free_after_start_gib": round(free / 2**30, 1), "cells": [],
     }
@@ -150,37 +163,32 @@ def run_engine(args: argparse.Namespace) -> dict:
         if time.perf_counter() > deadline:
             result["cells"].append({"context": ctx, "batch": batch, "skipped": "--time-limit"})
         else:
-            cell = measure(llm, SamplingParams, np, ctx, batch, n1, n2, args, cfg)
+            cell = measure(engine, ctx, batch, n1, n2, args, cfg)
             result["cells"].append(cell)
             print(json.dumps({k: v for k, v in cell.items() if k != "tpot_ms_reps"}), flush=True)
         save_result(args, result)  # after every cell: a timed-out engine keeps what it measured
     # the profile is a few seconds of decode: it may start up to PROFILE_GRACE_S past the cells' deadline
     if args.profile_steps and time.perf_counter() < deadline + PROFILE_GRACE_S:
-        result["profile"] = profile_decode(llm, SamplingParams, max(contexts), args.profile_steps, args, cfg)
+        result["profile"] = profile_decode(engine, max(contexts), args.profile_steps, args, cfg)
         save_result(args, result)
     if args.py_spy_steps and time.perf_counter() < deadline + PROFILE_GRACE_S:
-        result["host_profile"] = py_spy_decode(llm, SamplingParams, max(contexts), args.py_spy_steps, args, cfg)
+        result["host_profile"] = py_spy_decode(engine, max(contexts), args.py_spy_steps, args, cfg)
         save_result(args, result)
     return result
 
 
-def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -> dict:
+def profile_decode(engine, ctx: int, steps: int, args, cfg: dict) -> dict:
     """Torch profiler in every worker around ``steps`` decode tokens on the cached batch-1 prompt of ``ctx``
     tokens (measured before, so its prefix is cached): per rank, the top kernels by self device time and the top
     host ranges by inclusive CPU time, and the device busy time per decode step against the wall time per token
     (a step whose device time is well under its wall time waits on the host)."""
-    import numpy as np
-
-    # the batch-1 prompt of measure(): its prefix is in the cache
-    prompt = {"prompt_token_ids": np.random.default_rng([args.seed, ctx, 0]).integers(
-        3, cfg["vocab_size"], ctx).tolist()}
-    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, detokenize=False)
-    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
-    llm.apply_model(start_profile)
+    prompt = bench_prompt(args.seed, ctx, 0, cfg["vocab_size"])  # measure()'s batch-1 prompt: cached
+    engine.generate([prompt], 1)
+    engine.llm.apply_model(start_profile)
     t0 = time.perf_counter()
-    llm.generate([prompt], params, use_tqdm=False)
+    engine.generate([prompt], steps, ignore_eos=True)
     elapsed = time.perf_counter() - t0
-    ranks = llm.apply_model(stop_profile_summary)
+    ranks = engine.llm.apply_model(stop_profile_summary)
     for summary in ranks:
         for rows in (summary.get("by_device", []), summary.get("by_cpu", [])):
             for row in rows:
@@ -192,26 +200,22 @@ def profile_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict) -
             "ranks": ranks}
 
 
-def py_spy_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict, rate: int = 250) -> dict:
+def py_spy_decode(engine, ctx: int, steps: int, args, cfg: dict, rate: int = 250) -> dict:
     """Sample this process and its children (vLLM's engine core) with py-spy while ``steps`` tokens are decoded on
     the cached batch-1 prompt of ``ctx`` tokens: where the host's time per decode step goes, by process and Python
     function (``summarize_py_spy``). The raw samples are kept in ``--out``. ``{"skipped": why}`` without py-spy."""
-    import numpy as np
-
     exe = find_py_spy()
     if exe is None:
         return {"skipped": "py-spy not found (PY_SPY, PATH, or a --target install's bin on sys.path)"}
-    prompt = {"prompt_token_ids": np.random.default_rng([args.seed, ctx, 0]).integers(
-        3, cfg["vocab_size"], ctx).tolist()}
-    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
-    raw = Path(args.out) / f"pyspy-{engine_name(args.shape, args.layers, args.backend, args.tp)}.txt"
+    prompt = bench_prompt(args.seed, ctx, 0, cfg["vocab_size"])
+    engine.generate([prompt], 1)
+    raw = Path(args.out) / f"pyspy-{engine_name(args.shape, args.layers, args.backend, args.tp, not args.no_stats)}.txt"
     cmd = [exe, "record", "--pid", str(os.getpid()), "--subprocesses", "--rate", str(rate), "--format", "raw",
            "--output", str(raw), "--nonblocking"]
     spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)  # attach to every process first
-    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, detokenize=False)
     t0 = time.perf_counter()
-    llm.generate([prompt], params, use_tqdm=False)
+    engine.generate([prompt], steps, ignore_eos=True)
     elapsed = time.perf_counter() - t0
     spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
     try:
@@ -228,39 +232,37 @@ def py_spy_decode(llm, SamplingParams, ctx: int, steps: int, args, cfg: dict, ra
 
 
 def save_result(args: argparse.Namespace, result: dict) -> None:
-    path = Path(args.out) / f"result-{engine_name(args.shape, args.layers, args.backend, args.tp)}.json"
+    path = Path(args.out) / f"result-{engine_name(args.shape, args.layers, args.backend, args.tp, not args.no_stats)}.json"
     path.write_text(json.dumps(result, indent=1))
 
 
-def measure(llm, SamplingParams, np, ctx: int, batch: int, n1: int, n2: int, args, cfg: dict) -> dict:
+def measure(engine, ctx: int, batch: int, n1: int, n2: int, args, cfg: dict) -> dict:
     """Prefill (cold, batch 1 only), then ``reps`` x (n1, n2) generations of the cached prompts."""
-    vocab = cfg["vocab_size"]
-    prompts = [
-        {"prompt_token_ids": np.random.default_rng([args.seed, ctx, i]).integers(3, vocab, ctx).tolist()}
-        for i in range(batch)
-    ]
+    prompts = [bench_prompt(args.seed, ctx, i, cfg["vocab_size"]) for i in range(batch)]
     cell = {"context": ctx, "batch": batch}
+    records: list[dict] = []
 
     def generate(n: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens, stats = engine.generate(prompts, n, ignore_eos=True)
         elapsed = time.perf_counter() - t0
-        got = [len(o.outputs[0].token_ids) for o in outs]
+        got = [len(t) for t in tokens]
         if got != [n] * batch:
             raise RuntimeError(f"asked for {n} tokens per sequence, got {got}")
+        records.extend(stats)
         return elapsed
 
     t_prefill = generate(1)  # batch 1: TTFT of a cold prompt; batch > 1: prompt 0 is cached, the rest are not
     if batch == 1:
         cell["prefill_s"] = round(t_prefill, 3)
-    llm.apply_model(reset_probes)
+    engine.llm.apply_model(reset_probes)
+    records.clear()
     reps = []
     for _ in range(args.reps):
         short = generate(n1)
         long = generate(n2)
         reps.append((long - short) / (n2 - n1) * 1e3)
-    probes = merge_probes(llm.apply_model(read_probes))
+    probes = merge_probes(engine.llm.apply_model(read_probes))
     steps = args.reps * (n1 + n2)  # decode steps of the timed generations (first token of each is prefill)
     cell.update({
         "tpot_ms": round(statistics.median(reps), 3),
@@ -272,10 +274,10 @@ def measure(llm, SamplingParams, np, ctx: int, batch: int, n1: int, n2: int, arg
         "decode_steps": steps,
         "summary_bytes": probes["summary_bytes"],
     })
-    dc = probes["device_counters"]
-    if dc is not None:
-        cell["pages_read_frac"] = round(dc["pages_read"] / max(dc["pages_total"], 1), 5)
-        cell["device_counters"] = dc
+    pages = decode_pages(records)
+    if pages is not None:
+        cell["pages_read_frac"] = round(pages["pages_read"] / max(pages["pages_total"], 1), 5)
+        cell["decode_pages"] = pages
     return cell
 
 
@@ -298,7 +300,7 @@ def main() -> int:
     with open(out / "bench.log", "a") as log:
         for depth in depths:
             for backend in backends:
-                name = engine_name(args.shape, depth, backend, args.tp)
+                name = engine_name(args.shape, depth, backend, args.tp, not args.no_stats)
                 left = min(args.timeout, args.total_s - (time.perf_counter() - start))
                 if left < 60:
                     failures.append(f"{name}: not run (--total-s spent)")

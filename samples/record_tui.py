@@ -7,12 +7,20 @@ then holds a row for every few tokens of the answer. Needs tmux. ``samples/tui.s
     python -m samples.record_tui path/to/text_R-intro.pdf --pages 1-10 --max-tokens 120 \\
         --question "How do I get help on a function in R? Cite the pages." --out samples/tui.svg
 
+With ``--frames DIR`` it also captures the screen every ``--frame-interval`` seconds while the answer streams and
+keeps the Pages-read panel of each capture (``frames.json``: time, the selected token, the panel's text), and
+saves the first and the last streaming captures with different tokens as ``frame-a.svg`` and ``frame-b.svg``: the
+panel changing per token in a real terminal (on a GPU, with the decode steps in CUDA graphs). Exit status 1 when
+fewer than two different tokens were seen while the answer streamed.
+
 Run it as a module from the repository root (``-m``), so that ``tests.tmux_support`` imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 import tempfile
 import time
@@ -28,13 +36,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--size", default="140x45", help="terminal columns x rows")
     parser.add_argument("--out", type=Path, default=Path("samples/tui.svg"))
+    parser.add_argument("--frames", type=Path, default=None, help="folder for the streaming captures")
+    parser.add_argument("--frame-interval", type=float, default=0.1, help="seconds between streaming captures")
+    parser.add_argument("--model", default=None, help="--model for locks-chat (default: the built-in model)")
     args = parser.parse_args()
     from tests.tmux_support import TmuxApp, screen_svg
 
 
     from locks_engine.models import resolve_model
 
-    model = str(resolve_model(None))
+    model = args.model or str(resolve_model(None))
     columns, rows = (int(n) for n in args.size.split("x"))
     command = [sys.executable, "-m", "locks_chat.cli", str(args.document.resolve()), "--model", model,
                "--budget", str(args.budget), "--max-tokens", str(args.max_tokens), "--new"]
@@ -50,6 +61,7 @@ def main() -> None:
             app.type_text(args.question)
             app.send("Enter")
             app.wait_for(lambda s: "Prefill" in s or "Answering" in s, timeout=60, what="the question to go in")
+            frames = stream_frames(app, args.frame_interval) if args.frames else []
             app.wait_for(lambda s: "Ready:" in s and "tokens ·" in s, timeout=900, what="the answer")
             time.sleep(1.0)
             screen = app.capture(escapes=True)
@@ -58,6 +70,55 @@ def main() -> None:
     title = f"locks-chat {args.document.name}" + (f" --pages {args.pages}" if args.pages else "")
     args.out.write_text(screen_svg(screen, title, columns), encoding="utf-8")
     print(f"saved {args.out}")
+    if args.frames:
+        sys.exit(save_frames(frames, args.frames, title, columns))
+
+
+#: the Pages-read panel's headline: the token its rows end at (``token 12 of 40:`` once one is selected)
+TOKEN = re.compile(r"token (\d+)(?: of (\d+))?:")
+
+
+def stream_frames(app, interval: float, limit_s: float = 900.0) -> list[dict]:
+    """Capture (with escapes) every ``interval`` seconds until the answer is complete; per capture the seconds
+    since the first, the token in the Pages-read panel's headline (None before the first) and the screen."""
+    from tests.tmux_support import panel
+
+    frames, start = [], time.monotonic()
+    while time.monotonic() - start < limit_s:
+        screen = app.capture(escapes=True)
+        try:
+            rows = panel(screen, "Pages read")
+        except AssertionError:
+            rows = []
+        match = TOKEN.search(rows[0].plain) if rows else None
+        frames.append({"t_s": round(time.monotonic() - start, 3), "token": int(match.group(1)) if match else None,
+                       "panel": "\n".join(row.plain for row in rows), "screen": screen})
+        if "Ready:" in screen and "tokens ·" in screen:
+            break
+        time.sleep(interval)
+    return frames
+
+
+def save_frames(frames: list[dict], folder: Path, title: str, columns: int) -> int:
+    """Write ``frames.json`` (no escapes) and two SVG captures at different tokens; 1 when there are not two."""
+    from tests.tmux_support import screen_svg
+
+    folder.mkdir(parents=True, exist_ok=True)
+    streaming = [f for f in frames if f["token"] is not None and "Ready:" not in f["screen"]]
+    tokens = sorted({f["token"] for f in streaming})
+    (folder / "frames.json").write_text(json.dumps(
+        {"captures": len(frames), "streaming_tokens_seen": tokens,
+         "frames": [{k: v for k, v in f.items() if k != "screen"} for f in frames]}, indent=1))
+    print(f"{len(frames)} captures; the Pages-read panel showed tokens {tokens} while the answer streamed")
+    if len(tokens) < 2:
+        print("fewer than two tokens seen while streaming")
+        return 1
+    first = streaming[0]
+    last = next(f for f in reversed(streaming) if f["token"] != first["token"])
+    for name, frame in (("frame-a.svg", first), ("frame-b.svg", last)):
+        (folder / name).write_text(screen_svg(frame["screen"], f"{title} (token {frame['token']})", columns))
+    print(f"saved {folder / 'frame-a.svg'} (token {first['token']}), {folder / 'frame-b.svg'} (token {last['token']})")
+    return 0
 
 
 if __name__ == "__main__":

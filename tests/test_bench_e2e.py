@@ -1,7 +1,7 @@
-"""The end-to-end benchmark's bookkeeping (``locks_bench.e2e``, ``locks_bench.e2e_fit``) and the device-counters
-backend hook (``locks_bench.probes``).
+"""The end-to-end benchmark's bookkeeping (``locks_bench.e2e``, ``locks_bench.e2e_fit``) and its worker probes
+(``locks_bench.probes``).
 
-The benchmark itself needs a GPU; here: the device counters count what the selection read, the per-rank merge,
+The benchmark itself needs a GPU; here: the pages read from the statistics records, the per-rank merge,
 the summary in the issue's format, and the depth fit (per-layer slope, fixed cost, extrapolated full depth).
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from locks_bench import e2e, e2e_fit, engines
-from locks_bench.probes import DeviceCounters, read_probes, start_profile, stop_profile, stop_profile_summary
+from locks_bench.probes import read_probes, start_profile, stop_profile, stop_profile_summary
 from locks_engine import LocksConfig
 from tests.test_vllm_backend_scenarios import SCENARIOS, H, Run
 
@@ -21,30 +21,9 @@ ROW_KEYS = {"shape", "context", "batch", "budget", "rank", "dense_tpot_ms", "loc
             "locks_prefill_s", "pages_read_frac", "layers", "extrapolated"}
 
 
-def test_device_counters_count_the_pages_selected() -> None:
-    """A decode step at budget 64 tokens (4 pages): each decode row reads min(4, its pages) per KV head."""
-    batch = SCENARIOS["medium_decode"]
-    cfg = LocksConfig(budget=64)
-    run = Run(batch, cfg, torch.float32)
-    counters = DeviceCounters()
-    run.impl.hooks.append(counters)
-    run.prefill_context()
-    assert counters.totals() == {"decode_rows": 0, "pages_read": 0, "pages_total": 0}
-    run.scenario_step()
-    decodes = [n for n, q in zip(batch.seq_lens, batch.query_lens) if q == 1]
-    pages = [-(-n // cfg.page_size) for n in decodes]
-    assert len(decodes) > 1 and max(pages) > 4
-    totals = counters.totals()
-    assert totals == {"decode_rows": len(decodes), "pages_read": H * sum(min(4, p) for p in pages),
-                      "pages_total": H * sum(pages)}
-    counters.reset()
-    assert counters.totals()["pages_read"] == 0
-
-
-def test_read_probes_reads_counters_and_summary_bytes() -> None:
+def test_read_probes_reads_summary_bytes() -> None:
     batch = SCENARIOS["medium_decode"]
     run = Run(batch, LocksConfig(budget=64), torch.float32)
-    run.impl.hooks.append(DeviceCounters())
     run.prefill_context()
     run.scenario_step()
     layer = torch.nn.Module()
@@ -53,17 +32,35 @@ def test_read_probes_reads_counters_and_summary_bytes() -> None:
     first = read_probes(model, reset=True)
     assert first["attention_layers"] == 1
     assert first["summary_bytes"] == run.impl._store.nbytes > 0
-    assert first["device_counters"]["pages_read"] > 0
-    assert read_probes(model)["device_counters"] is None  # reset: no decode rows since
 
 
-def test_merge_probes_adds_the_ranks_heads() -> None:
-    rank = {"eager_decode_calls": 0, "build_calls": 10, "build_s": 0.001, "summary_bytes": 100,
-            "attention_layers": 2, "device_counters": {"decode_rows": 5, "pages_read": 40, "pages_total": 400}}
+def test_merge_probes_adds_the_ranks_summaries() -> None:
+    rank = {"eager_decode_calls": 0, "build_calls": 10, "build_s": 0.001, "summary_bytes": 100, "attention_layers": 2}
     merged = e2e.merge_probes([rank, {**rank, "build_s": 0.5}])
     assert merged["summary_bytes"] == 200
-    assert merged["device_counters"] == {"decode_rows": 5, "pages_read": 80, "pages_total": 800}
     assert merged["build_s"] == 0.001
+
+
+def test_decode_pages_sums_the_decode_records() -> None:
+    """Prefill-only steps (no decode row) are left out; the pages of the decode steps add up."""
+    records = [{"num_decodes": 0, "pages_read": 999, "pages_total": 999},
+               {"num_decodes": 2, "pages_read": 40, "pages_total": 400},
+               {"num_decodes": 1, "pages_read": 30, "pages_total": 200}]
+    assert e2e.decode_pages(records) == {"decode_steps": 2, "decode_rows": 3, "pages_read": 70, "pages_total": 600}
+    assert e2e.decode_pages(records[:1]) is None
+    assert e2e.decode_pages([]) is None
+
+
+def test_bench_prompt_is_seeded_and_in_range() -> None:
+    a, b = e2e.bench_prompt(0, 100, 0, 50), e2e.bench_prompt(0, 100, 1, 50)
+    assert a == e2e.bench_prompt(0, 100, 0, 50) and a != b
+    assert len(a) == 100 and min(a) >= 3 and max(a) < 50
+
+
+def test_engine_name_marks_locks_without_statistics() -> None:
+    assert e2e.engine_name("llama3.1-8b", "", "locks", 1) == "llama3.1-8b-locks"
+    assert e2e.engine_name("llama3.1-8b", "8", "locks", 2, stats=False) == "llama3.1-8b-L8-locks-nostats-tp2"
+    assert e2e.engine_name("llama3.1-8b", "", "flash", 1, stats=False) == "llama3.1-8b-flash"
 
 
 def test_parse_batches() -> None:

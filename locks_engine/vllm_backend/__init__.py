@@ -13,8 +13,8 @@ Split as vLLM's own backends are, and by device:
   summaries only); no host syncs in decode, so it runs in full CUDA graphs.
 - ``prefill.py``: dense prefill rows (vLLM's CPU kernel, FlashAttention on CUDA).
 - ``compat.py``: the 0.26 / 0.32 differences and the KV cache layouts.
-- ``hooks.py``: decode hooks configured per engine (``additional_config["locks_hooks"]``), e.g. device counters
-  for benchmarks or a NaN-poisoning check for tests, kept out of the attention path.
+- ``hooks.py``: decode hooks configured per engine (``additional_config["locks_hooks"]``), e.g. a
+  NaN-poisoning check for tests, kept out of the attention path.
 - ``step_stats.py``: the per-step statistics written to the app's ring file.
 - ``settings.py``: LOCKS' keys of ``additional_config``, checked before vLLM builds its configuration.
 - ``plugin.py``: the ``vllm.general_plugins`` entry point.

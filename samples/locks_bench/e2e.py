@@ -43,23 +43,31 @@ def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
 
 
 def merge_probes(per_rank: list[dict]) -> dict:
-    """One ``read_probes`` dict from every tensor-parallel rank's: summary bytes and pages (each rank holds its
-    own KV heads) add up; decode rows, eager calls and build times are rank 0's (every rank runs every step)."""
+    """One ``read_probes`` dict from every tensor-parallel rank's: summary bytes (each rank holds its own KV
+    heads) add up; eager calls and build times are rank 0's (every rank runs every step)."""
     merged = dict(per_rank[0])
     merged["summary_bytes"] = sum(p["summary_bytes"] for p in per_rank)
-    counters = [p["device_counters"] for p in per_rank if p["device_counters"]]
-    if counters:
-        merged["device_counters"] = {
-            "decode_rows": counters[0]["decode_rows"],
-            "pages_read": sum(c["pages_read"] for c in counters),
-            "pages_total": sum(c["pages_total"] for c in counters),
-        }
     return merged
 
 
-def backend_name(backend: str, cuda: bool) -> str:
-    """vLLM's name of a backend; the dense baseline on a CPU is vLLM's CPU_ATTN (for trying the script)."""
-    return "CPU_ATTN" if backend == "flash" and not cuda else BACKENDS[backend]
+def bench_prompt(seed: int, context: int, index: int, vocab: int) -> list[int]:
+    """The seeded prompt ``index`` of a cell: ``context`` token ids in ``[3, vocab)``, the same in every engine."""
+    import numpy as np
+
+    return np.random.default_rng([seed, context, index]).integers(3, vocab, context).tolist()
+
+
+def decode_pages(records: list[dict]) -> dict | None:
+    """Pages read by the decode steps of LOCKS statistics records (``LocksEngine.generate``'s, the ring the app
+    reads; on CUDA counted on the device inside the CUDA graphs): ``{"decode_steps", "decode_rows",
+    "pages_read", "pages_total"}`` summed over the steps (pages over layers, KV heads and rows, as each record
+    counts them), or None without a decode step (statistics off, or a dense engine)."""
+    decode = [r for r in records if r["num_decodes"]]
+    if not decode:
+        return None
+    return {"decode_steps": len(decode), "decode_rows": sum(int(r["num_decodes"]) for r in decode),
+            "pages_read": sum(int(r["pages_read"]) for r in decode),
+            "pages_total": sum(int(r["pages_total"]) for r in decode)}
 
 
 def parse_ints(text: str) -> list[int]:
@@ -91,6 +99,8 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
+    parser.add_argument("--no-stats", action="store_true",
+                        help="LOCKS without the app's per-step statistics (their cost; pages read not counted)")
     parser.add_argument("--no-prefix-walk", action="store_true",
                         help="cascade attention off and vLLM's per-step common-prefix walk cut (both backends)")
     parser.add_argument("--profile-steps", type=int, default=0,
@@ -123,9 +133,10 @@ def prefix_walk_kwargs(cut: bool) -> dict:
     return {"disable_cascade_attn": True, "scheduler_cls": SCHEDULER_CLS}
 
 
-def engine_name(shape: str, layers, backend: str, tp: int) -> str:
+def engine_name(shape: str, layers, backend: str, tp: int, stats: bool = True) -> str:
     depth = f"-L{layers}" if layers else ""
-    return f"{shape}{depth}-{backend}" + (f"-tp{tp}" if tp > 1 else "")
+    nostats = "-nostats" if backend == "locks" and not stats else ""
+    return f"{shape}{depth}-{backend}{nostats}" + (f"-tp{tp}" if tp > 1 else "")
 
 
 def child_args(args: argparse.Namespace) -> list[str]:
@@ -135,6 +146,7 @@ def child_args(args: argparse.Namespace) -> list[str]:
             "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
             "--py-spy-steps", str(args.py_spy_steps),
             *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else []),
+            *(["--no-stats"] if args.no_stats else []),
             *(["--kernels", args.kernels] if args.kernels else [])]
 
 

@@ -1,74 +1,14 @@
 """Benchmark probes that run inside vLLM's worker process (sent with ``LLM.apply_model``, by reference, so this
 module must import there): eager decode calls of the attention backends (a silent fallback from CUDA graphs
-shows as calls after capture), host time of their metadata builders per step, LOCKS' device counters (the
-:class:`DeviceCounters` backend hook) and the bytes of its page summaries; and torch's profiler around chosen
-decode steps. Used by ``samples/bench_e2e.py``; importable without vLLM (its imports are inside the functions).
+shows as calls after capture), host time of their metadata builders per step and the bytes of LOCKS' page
+summaries; and torch's profiler around chosen decode steps. The pages LOCKS reads are counted by the backend's
+statistics ring (``locks_engine.vllm_backend.device_stats`` on CUDA), which the benchmarks read as the app does. Used by ``samples/bench_e2e.py``; importable without vLLM (its imports are inside the functions).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-#: the ``additional_config["locks_hooks"]`` entry that installs :class:`DeviceCounters` in every LOCKS layer
-DEVICE_COUNTERS_HOOK = "locks_bench.probes:DeviceCounters"
-
-
-class DeviceCounters:
-    """Backend hook: totals of the decode pages read, kept on the device by the model's last LOCKS layer, so that
-    a replayed CUDA graph counts too (the statistics ring counts on the host, which a replay skips). Every layer
-    selects the same number of pages per KV head, so the last layer's totals give the read fraction of all layers.
-    Costs three small kernels per step. Read and reset with ``totals()`` / ``reset()`` (host syncs: call between
-    requests, e.g. from ``LLM.apply_model``).
-
-    Installed with ``additional_config["locks_hooks"] = [DEVICE_COUNTERS_HOOK]``; the impl constructs it with no
-    arguments and calls :meth:`on_decode` after selection.
-    """
-
-    cuda_graphs = True
-    """counts with tensor ops only: safe inside CUDA graph capture"""
-    needs_cache_views = False
-    """reads no K/V: the CPU path may keep its own cache layout"""
-
-    def __init__(self) -> None:
-        self.values: Tensor | None = None
-        """`[3]` int64: decode rows with tokens, (row, KV head, page) selections, pages there are x KV heads"""
-
-    def on_decode(self, *, layer_name: str, last_layer: bool, k_cache, v_cache, block_table: Tensor,
-                  seq_lens: Tensor, selected: Tensor, page_size: int, num_kv_heads: int) -> None:
-        """Count one decode step when ``last_layer``: ``selected`` `[S, H, K]` (``-1`` unused), ``seq_lens`` `[S]`
-        tokens. Returns None (nothing to undo after attention)."""
-        if last_layer:
-            self.add(selected, seq_lens, page_size, num_kv_heads)
-
-    def add(self, selected: Tensor, seq_lens: Tensor, page_size: int, num_kv_heads: int) -> None:
-        """Add one step: ``selected`` `[S, H, K]` (``-1`` unused), ``seq_lens`` `[S]` tokens.
-
-        Raises:
-            RuntimeError: the first step runs inside CUDA graph capture (the totals would be a graph's buffer)."""
-        if self.values is None or self.values.device != selected.device:
-            if selected.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("LOCKS device counters would be allocated inside CUDA graph capture")
-            self.values = torch.zeros(3, dtype=torch.int64, device=selected.device)
-        pages = (seq_lens.long() + page_size - 1) // page_size
-        step = torch.stack([(seq_lens > 0).sum(), (selected >= 0).sum(), pages.sum() * num_kv_heads])
-        self.values.add_(step)
-
-    def reset(self) -> None:
-        if self.values is not None:
-            with torch.inference_mode():  # the values were made in vLLM's inference mode
-                self.values.zero_()
-
-    def totals(self) -> dict[str, int]:
-        """``{"decode_rows", "pages_read", "pages_total"}`` summed since the last reset (KV heads counted)."""
-        rows, read, total = self.values.tolist() if self.values is not None else (0, 0, 0)
-        return {"decode_rows": int(rows), "pages_read": int(read), "pages_total": int(total)}
-
-
-def device_counters(impl) -> DeviceCounters | None:
-    """The :class:`DeviceCounters` among ``impl.hooks`` (None when the engine was started without it)."""
-    return next((h for h in getattr(impl, "hooks", None) or [] if isinstance(h, DeviceCounters)), None)
-
 
 def install_probes(model) -> int:
     """In the worker: count eager decode calls of each attention impl and time the metadata builders (host).
@@ -121,9 +61,8 @@ def install_probes(model) -> int:
 
 
 def read_probes(model, reset: bool = True) -> dict:
-    """In the worker: probe counters, LOCKS device counters (last layer) and summary bytes; reset after reading."""
-    out = {"eager_decode_calls": 0, "build_calls": 0, "build_s": 0.0, "summary_bytes": 0,
-           "device_counters": None, "attention_layers": 0}
+    """In the worker: probe counters and summary bytes; reset after reading."""
+    out = {"eager_decode_calls": 0, "build_calls": 0, "build_s": 0.0, "summary_bytes": 0, "attention_layers": 0}
     seen = set()
     for module in model.modules():
         impl = getattr(module, "impl", None)
@@ -140,15 +79,6 @@ def read_probes(model, reset: bool = True) -> dict:
         store = getattr(impl, "_store", None)
         if store is not None:
             out["summary_bytes"] += int(store.nbytes)
-        counters = device_counters(impl)
-        if counters is not None and counters.values is not None:
-            if counters.values.is_cuda:
-                torch.cuda.synchronize()
-            totals = counters.totals()
-            if totals["decode_rows"]:
-                out["device_counters"] = totals
-            if reset:
-                counters.reset()
     return out
 
 
