@@ -24,7 +24,7 @@ from typing import Any
 
 from locks_engine.config import LocksConfig
 from locks_engine.platform_args import on_cuda, platform_engine_args
-from locks_engine.models import resolve_model
+from locks_engine.models import resolve_model, stay_offline
 from locks_engine.stats import dense_step_record, require_locks
 
 
@@ -122,8 +122,11 @@ class LocksEngine:
         extra: dict[str, Any] = {"locks": options.locks.to_dict()}
         if options.stats and not self.dense_baseline:
             extra["locks_stats_path"] = str(self.stats_path)
-        model = options.model if options.load_format == "dummy" else resolve_model(options.model,
-                                                                                 options.model_cache_dir)
+        if options.load_format == "dummy":  # a config-only directory (benchmarks): local, like any model here
+            model = options.model
+            stay_offline()
+        else:
+            model = resolve_model(options.model, options.model_cache_dir)
         args = EngineArgs(
             model=str(model),
             max_model_len=options.max_model_len,

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
@@ -76,6 +77,25 @@ def default_cache_dir() -> Path:
     return Path(user_cache_dir(CACHE_APP_NAME)) / "models"
 
 
+#: what keeps the Hugging Face hub client, transformers and vLLM (usage statistics) off the network
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def stay_offline() -> None:
+    """A local model needs no network: turn the hub off for this process and the engine's children
+    (:data:`OFFLINE_ENV`, each unless the environment sets it already).
+
+    Without it a machine whose outbound connections are dropped rather than refused (a GPU box behind a
+    firewall) hung for minutes in the engine start, which holds SIGINT and SIGTERM until vLLM is up.
+    huggingface_hub reads ``HF_HUB_OFFLINE`` once, when it is imported: when it already is, its constant is set
+    too (the setting it documents, ``huggingface_hub.constants.HF_HUB_OFFLINE``)."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None and os.environ["HF_HUB_OFFLINE"].strip().lower() in {"1", "on", "yes", "true"}:
+        constants.HF_HUB_OFFLINE = True
+
+
 def resolve_model(name_or_path: str | None, cache_dir: str | Path | None = None) -> Path | str:
     """Turn a ``--model`` value into what ``vllm.LLM(model=...)`` takes.
 
@@ -89,17 +109,21 @@ def resolve_model(name_or_path: str | None, cache_dir: str | Path | None = None)
         Path | str: the built-in model's converted directory (converted on first call, a few tens of seconds),
         the local directory, or the hub id unchanged (hubs are unreachable offline; vLLM reports that itself).
 
+    A local model (built-in or a directory) turns the hub off for the process (:func:`stay_offline`).
+
     Raises:
         ModelError: the built-in model's package or the converter is missing, or the conversion failed.
         ModelPathError: a path that looks local does not exist or is not a model directory.
         CacheDirError: ``cache_dir`` cannot be written.
     """
     if name_or_path is None or name_or_path in BUILTIN_NAMES:
+        stay_offline()
         return builtin_model_dir(cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelPathError(f"{path} is a directory but not a Hugging Face model (no config.json in it)")
+        stay_offline()
         return path
     if path.is_file():
         raise ModelPathError(f"{path} is a file: pass a Hugging Face model directory or a hub id (org/name)")

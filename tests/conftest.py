@@ -4,6 +4,7 @@ that the fuzzed-ingestion tests (``tests/test_ingest_fuzz.py``) take under two m
 same inputs on every run; ``fuzz`` (``pytest --hypothesis-profile=fuzz``) draws 20 times more, at random, and keeps
 failing inputs in ``.hypothesis/``."""
 
+import os
 import signal
 
 import pytest
@@ -34,6 +35,26 @@ def user_home(tmp_path, monkeypatch):
     home = tmp_path / "locks-home"
     monkeypatch.setenv("LOCKS_CHAT_HOME", str(home))
     return home
+
+
+#: the hub settings this test session started with (``locks_engine.models.stay_offline`` changes them for the process)
+import huggingface_hub.constants as _hub_constants  # noqa: E402
+
+from locks_engine.models import OFFLINE_ENV  # noqa: E402
+
+_SESSION_HUB = ({key: os.environ.get(key) for key in OFFLINE_ENV}, _hub_constants.HF_HUB_OFFLINE)
+
+
+@pytest.fixture(autouse=True)
+def hub_settings_restored(monkeypatch):
+    """Each test starts with the session's hub settings, whatever a local model turned off before it."""
+    env, offline = _SESSION_HUB
+    for key, value in env.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    monkeypatch.setattr(_hub_constants, "HF_HUB_OFFLINE", offline)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,32 @@ def test_local_hf_directory_is_itself(tmp_path):
     assert resolve_model(str(tmp_path / "m")) == tmp_path / "m"
 
 
+def test_a_local_model_turns_the_hub_off(monkeypatch, tmp_path):
+    """A local directory needs no network: the hub is off for this process and the engine's children, unless the
+    environment says otherwise."""
+    from huggingface_hub import constants
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    for key in models.OFFLINE_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    resolve_model(str(tmp_path / "m"))
+    assert {key: models.os.environ.get(key) for key in models.OFFLINE_ENV} == models.OFFLINE_ENV
+    assert constants.HF_HUB_OFFLINE is True
+
+
+def test_a_local_model_keeps_an_explicit_hub_setting(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    resolve_model(str(tmp_path / "m"))
+    assert models.os.environ["HF_HUB_OFFLINE"] == "0" and constants.HF_HUB_OFFLINE is False
+
+
 def test_hub_id_passes_through_when_the_hub_resolves(monkeypatch):
     monkeypatch.setattr(models.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     assert resolve_model("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
