@@ -26,9 +26,16 @@ class LocksChatError(Exception):
     """process exit status the CLI returns for this error (2: bad input)"""
 
     def __init__(self, message: str) -> None:
-        assert "\n" not in message, "error messages are one line"
+        message = escape_breaks(message)
         super().__init__(message)
         self.message = message
+
+
+def escape_breaks(text: str) -> str:
+    """``text`` kept to one line: line breaks, tabs and other control characters shown escaped (``\\n``,
+    ``\\x07``), as a file name holding them is shown; what a user types can hold them."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 class DocumentError(LocksChatError):

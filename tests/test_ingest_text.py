@@ -106,3 +106,17 @@ def test_page_range_on_text_pages(tmp_path):
     assert part.page_count == whole.page_count
     with pytest.raises(PageRangeError, match=f"physical 1-{whole.page_count}"):
         load_document(path, pages=f"2-{whole.page_count + 1}")
+
+
+def test_a_path_with_a_line_break_gives_one_line(tmp_path):
+    """A file name may hold a line break: the error names it escaped, on one line; a loaded title has none."""
+    with pytest.raises(DocumentError) as err:
+        load_document(str(tmp_path / "no\nsuch.txt"))
+    assert "\n" not in err.value.message and "no\\nsuch.txt: no such file" in err.value.message
+    path = tmp_path / "a\nbell\x07.txt"
+    path.write_text("Some text.\n")
+    assert load_document(str(path)).title == "a bell"
+
+
+def test_error_messages_escape_control_characters():
+    assert DocumentError("a\r\nb\tc\x1bd").message == "a\\r\\nb\\tc\\x1bd"

@@ -73,7 +73,7 @@ def read_epub(
     labels = [str(i + 1) for i in range(len(texts))]
     raw = [RawPage(i + 1, labels[i], texts[i]) for i in select_pages(pages, labels)]
     titles = book.get_metadata("DC", "title")
-    title = (one_line(str(titles[0][0])) if titles else "") or Path(source).stem
+    title = (one_line(str(titles[0][0])) if titles else "") or one_line(Path(source).stem)
     return build_document(source, "epub", PageKind.CHAPTER, title, raw, len(texts), warnings)
 
 

@@ -77,7 +77,8 @@ def read_pdf(
         warnings.insert(0, f"damaged PDF structure repaired by the reader: {shown}{more}")
     if not any(page.text for page in raw_pages):
         raise NoTextError(_no_text_message(source, pages, labels, warnings, salvaged))
-    return build_document(source, "pdf", PageKind.PDF, title or Path(source).stem, raw_pages, len(labels), warnings)
+    return build_document(source, "pdf", PageKind.PDF, title or one_line(Path(source).stem), raw_pages, len(labels),
+                          warnings)
 
 
 def check_pdf(data: bytes, source: str, *, password: str | None = None, pages: str | None = None) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from locks_chat.errors import NoTextError
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.encoding import decode_text
-from locks_chat.ingest.normalize import normalize_text
+from locks_chat.ingest.normalize import normalize_text, one_line
 from locks_chat.ingest.pagerange import select_pages
 
 TEXT_PAGE_CHARS = 3000
@@ -94,4 +94,4 @@ def _title(texts: list[str], source: str, markdown: bool) -> str:
         for line in next((t for t in texts if t), "").splitlines():
             if line.startswith("# "):
                 return line[2:].strip()
-    return Path(source).stem
+    return one_line(Path(source).stem)
