@@ -206,3 +206,34 @@ def test_pypdf_problems_are_shown_as_plain_text():
     plain = "Ignoring wrong pointing object 6 0 (offset 0)"
     assert _plain_problem(plain) == plain
     assert len(_plain_problem("word " * 40)) <= 80 and _plain_problem("word " * 40).endswith("word...")
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread-alarm", "worker-thread"])
+def test_opening_is_refused_past_its_time_limit(monkeypatch, book_pdf, in_thread):
+    """pypdf parses the whole object graph of some hostile files while opening them: that is under a limit too."""
+    import time
+
+    from locks_chat.ingest import pdf
+
+    def slow_open(data, source, password):
+        time.sleep(5)
+
+    monkeypatch.setattr(pdf, "_open", slow_open)
+    result = {}
+
+    def run():
+        start = time.monotonic()
+        try:
+            pdf.read_pdf(book_pdf.read_bytes(), "slow.pdf", open_time_limit=0.2)
+        except DocumentError as err:
+            result["error"], result["s"] = err.message, time.monotonic() - start
+
+    if in_thread:
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join(30)
+    else:
+        run()
+    assert result["error"] == ("slow.pdf: opening the PDF took over 0.2 s (a damaged or hostile file); repair it "
+                               "(e.g. qpdf) or pass another file")
+    assert result["s"] < 2

@@ -30,6 +30,10 @@ from locks_chat.ingest.progress import ProgressCallback
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 
 
+#: seconds opening a PDF may take before it is refused (:func:`read_pdf`'s ``open_time_limit``)
+OPEN_TIME_LIMIT_S = 30.0
+
+
 def read_pdf(
     data: bytes,
     source: str,
@@ -38,6 +42,7 @@ def read_pdf(
     pages: str | None = None,
     progress: ProgressCallback | None = None,
     page_time_limit: float | None = 10.0,
+    open_time_limit: float | None = OPEN_TIME_LIMIT_S,
 ) -> Document:
     """Extract the text of a PDF's pages.
 
@@ -49,6 +54,9 @@ def read_pdf(
         pages (str | None): a ``--pages`` selector (:mod:`.pagerange`); ``None`` for all.
         progress (ProgressCallback | None): called with (pages done, pages selected).
         page_time_limit (float | None): seconds one page may take; ``None`` for no limit.
+        open_time_limit (float | None): seconds opening the file may take (pypdf parses the trailer, the
+            cross-reference table and the page tree then; objects nested 200,000 deep took ~3 s per 2 MB);
+            ``None`` for no limit.
 
     Raises:
         EncryptedError: a password is needed, or the one given is wrong.
@@ -58,7 +66,7 @@ def read_pdf(
     """
     problems: list[str] = []
     with _pypdf_log(problems):
-        reader, data, salvaged = _open_or_salvage(data, source, password)
+        reader, data, salvaged = _open_limited(data, source, password, open_time_limit)
         labels = _page_labels(reader, source)
         selected = select_pages(pages, labels)
         raw_pages, warnings = _extract(
@@ -89,8 +97,21 @@ def check_pdf(data: bytes, source: str, *, password: str | None = None, pages: s
     """
     problems: list[str] = []
     with _pypdf_log(problems):
-        reader, _, _ = _open_or_salvage(data, source, password)
+        reader, _, _ = _open_limited(data, source, password, OPEN_TIME_LIMIT_S)
         select_pages(pages, _page_labels(reader, source))
+
+
+def _open_limited(data: bytes, source: str, password: str | None, seconds: float | None):
+    """:func:`_open_or_salvage` under a wall-clock limit.
+
+    Raises:
+        DocumentError: opening took over ``seconds``; and what :func:`_open_or_salvage` raises.
+    """
+    try:
+        return call_with_time_limit(partial(_open_or_salvage, data, source, password), seconds)
+    except TimeLimitExceeded:
+        raise DocumentError(f"{source}: opening the PDF took over {seconds:g} s (a damaged or hostile file); "
+                            "repair it (e.g. qpdf) or pass another file") from None
 
 
 def _open_or_salvage(data: bytes, source: str, password: str | None):
@@ -145,7 +166,7 @@ def _open(data: bytes, source: str, password: str | None):
                     raise EncryptedError(f"{source}: encrypted: pass --password")
                 raise EncryptedError(f"{source}: wrong password for this encrypted PDF; check --password")
         len(reader.pages)
-    except DocumentError:
+    except (DocumentError, TimeLimitExceeded):
         raise
     except DependencyError as exc:
         raise DocumentError(f"{source}: {exc}; reinstall locks-chat with its dependencies") from exc
