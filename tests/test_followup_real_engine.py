@@ -1,6 +1,7 @@
 """Follow-ups on real engines (vLLM with LOCKS, the built-in model): a follow-up on the same engine reuses the first
 turn's KV blocks from vLLM's prefix cache and reports how many, LOCKS prefills only the rest, and the answer is the
-one a new engine gives (about three minutes: three engine starts)."""
+one a new engine gives (about three minutes: three engine starts). Also the batch path the benchmarks take
+(``LocksEngine.generate``)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,17 @@ def test_a_follow_up_reports_a_prefix_cache_hit(tmp_path, model_dir):
         first = ask(engine, document, ["When was the lighthouse automated?"], max_tokens=8)
         second = ask(engine, document, ["When was the lighthouse automated?", "Who lives there?"], [first.answer],
                      max_tokens=8)
+        # the benchmarks' batch path on the same engine: two prompts decoded together, every step's records
+        short, long = engine.tokenizer.encode(TEXT[:400]), engine.tokenizer.encode(TEXT)
+        tokens, records = engine.generate([long, short], 6, ignore_eos=True)
     finally:
         engine.close()
+    assert [len(t) for t in tokens] == [6, 6]
+    decode = [r for r in records if r["num_decodes"]]
+    assert sum(r["num_decodes"] for r in decode) == 2 * 5  # each sequence's tokens after its first
+    # at a 256-token budget the long prompt's ~76 pages are not all read; the short one's 7 are
+    assert all(0 < r["pages_read"] <= r["pages_total"] for r in decode)
+    assert any(r["pages_read"] < r["pages_total"] for r in decode)
     assert first.cached_tokens == 0
     assert 0 < second.cached_tokens <= first.prompt_tokens
     # LOCKS' own step records count the prompt tokens prefilled: the rest came from the cache
