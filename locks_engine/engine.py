@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from locks_engine.config import LocksConfig
-from locks_engine.platform_args import on_cuda, platform_engine_args
+from locks_engine.platform_args import cpu_threads_bind, on_cuda, platform_engine_args
 from locks_engine.models import resolve_model, stay_offline
 from locks_engine.stats import dense_step_record, require_locks
 
@@ -117,6 +117,9 @@ class LocksEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(options.kv_cache_gib)))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.on_cuda = on_cuda()
+        bind = None if self.on_cuda else cpu_threads_bind(set(os.sched_getaffinity(0)))
+        if bind is not None:  # vLLM reads it when the worker starts; the environment's own setting wins
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
         self.dense_baseline = self.on_cuda and options.locks.dense
         """vLLM's own FLASH_ATTN runs (no LOCKS layer, no statistics)."""
         extra: dict[str, Any] = {"locks": options.locks.to_dict()}

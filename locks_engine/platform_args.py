@@ -45,6 +45,19 @@ def cpu_dtype(flags: set[str]) -> str:
     return "float32"
 
 
+#: CPUs up to which the CPU engine's worker computes on every CPU: vLLM keeps one for its scheduler process by
+#: default, half the compute of a 2-core machine (its prefill is compute bound; the scheduler mostly waits)
+SMALL_CPU_COUNT = 4
+
+
+def cpu_threads_bind(cpus: set[int]) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for the CPU engine: every CPU this process may run on (``"0,1"``) when there
+    are at most :data:`SMALL_CPU_COUNT`; None (vLLM's ``auto``: one CPU kept for the scheduler) otherwise."""
+    if not cpus or len(cpus) > SMALL_CPU_COUNT:
+        return None
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
 #: The worker extension that brings the statistics ring up to date on CUDA (``collective_rpc``).
 WORKER_EXTENSION = "locks_engine.vllm_backend.device_stats.LocksWorkerExtension"
 

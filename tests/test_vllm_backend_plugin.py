@@ -83,6 +83,15 @@ def test_the_cpu_engine_runs_float32_where_the_cpu_has_no_native_bf16(flags, dty
     assert cpu_dtype(flags) == dtype
 
 
+@pytest.mark.parametrize("cpus,bind", [({0, 1}, "0,1"), ({3, 1, 2, 0}, "0,1,2,3"), (set(range(8)), None), (set(), None)],
+                         ids=["2_cpus", "4_cpus", "8_cpus", "unknown"])
+def test_a_small_cpu_engine_computes_on_every_cpu(cpus, bind):
+    """vLLM keeps one CPU for its scheduler: on 2 CPUs that is half the prefill's compute."""
+    from locks_engine.platform_args import cpu_threads_bind
+
+    assert cpu_threads_bind(cpus) == bind
+
+
 def _sigint_after_leave(app_env: str | None) -> bool:
     """In a child process: whether SIGINT is ignored after ``leave_sigint_to_the_app``."""
     import os
