@@ -172,9 +172,15 @@ class DecodeSteps:
         """True attention mass `[T, G]` on the pages ``select_pages`` picks from ``scores`` `[T, G, P]`."""
         return self._kept(self.selected_mask(scores, cfg))
 
+    def mass_kept(self, mask: Tensor, steps: Tensor | None = None) -> Tensor:
+        """True attention mass `[..., T', G]` on the pages of any selection ``mask`` bool `[..., T', P]` (a
+        selection reused from another step or layer, say), at steps ``steps`` `[T']` (default: all ``T``)."""
+        page_lse, lse = (self.page_lse, self.lse) if steps is None else (self.page_lse[steps], self.lse[steps])
+        inside = page_lse.masked_fill(~mask.unsqueeze(-2), float("-inf")).logsumexp(-1)
+        return torch.exp(inside - lse).nan_to_num(0.0).clamp(0.0, 1.0)
+
     def _kept(self, mask: Tensor) -> Tensor:
-        inside = self.page_lse.masked_fill(~mask.unsqueeze(1), float("-inf")).logsumexp(-1)
-        return torch.exp(inside - self.lse).nan_to_num(0.0).clamp(0.0, 1.0)
+        return self.mass_kept(mask)
 
     def oracle_mask(self, cfg: LocksConfig) -> Tensor:
         """bool `[T, P]`: the exact-LSE oracle's pages at ``cfg``'s budget (cached per budget)."""

@@ -34,6 +34,20 @@ def query_positions(context: int, steps: int = 64, span: float = 0.125) -> list[
     return torch.linspace(start, context - 1, steps).round().long().tolist()
 
 
+def decode_runs(context: int, steps: int = 32, runs: int = 2) -> list[list[int]]:
+    """``runs`` runs of ``steps`` consecutive decode positions of a ``context``-token text (the queries a decode
+    that teacher-forces the book would see, step after step), for studies that reuse a selection over steps.
+    Run ``i`` ends at ``context - 1 - i * context // 16``, so the first ends at the context's last token.
+
+    Raises:
+        ValueError: when the runs would start before position 0 or overlap.
+    """
+    ends = [context - 1 - i * (context // 16) for i in range(runs)]
+    if ends[-1] - steps + 1 < 0 or (runs > 1 and context // 16 < steps):
+        raise ValueError(f"{runs} runs of {steps} steps do not fit apart in a {context}-token context")
+    return [list(range(end - steps + 1, end + 1)) for end in ends]
+
+
 def cache_path(cache_dir: str | Path, model_dir: str | Path, text: str | Path, tokens: int, positions: list[int]) -> Path:
     """Cache file name: readable prefix plus a hash of everything that changes the capture."""
     key = json.dumps([Path(model_dir).name, Path(text).name, tokens, positions, "v1"])
