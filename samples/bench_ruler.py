@@ -153,14 +153,33 @@ def parse_args(argv):
     ap.add_argument("--timeout-s", type=float, default=3600, help="per setting and length (one engine)")
     ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
     ap.add_argument("--out-dir", default="samples/results")
+    ap.add_argument("--table", nargs="+", metavar="RESULT_JSON",
+                    help="print the README's table (and each LOCKS setting's per-sample agreement with dense) from "
+                         "result files, run nothing")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+def print_table(paths: list[str]) -> int:
+    """``--table``: the markdown table of the result files, then per LOCKS setting the samples scored the same as,
+    better or worse than dense's."""
+    from locks_bench.ruler_results import agreement, markdown_table
+
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    print(markdown_table(results))
+    for name in dict.fromkeys(r["setting"] for result in results for r in result["runs"]):
+        if name != "dense":
+            for key, counts in agreement(results, name).items():
+                print(f"{name} {key}: {counts['same']} same, {counts['better']} better, {counts['worse']} worse")
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.part:
         return run_part(json.loads(args.part))
+    if args.table:
+        return print_table(args.table)
     from locks_bench.results import header as result_header
     from platformdirs import user_cache_dir
 

@@ -267,3 +267,38 @@ def test_harness_modules_do_not_import_lm_eval_or_vllm():
             "print(sorted(m for m in ('lm_eval', 'vllm', 'nltk') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _result(setting_scores: dict[str, list[float]], task: str = "ruler_cwe", context: int = 4096) -> dict:
+    runs, table = [], []
+    for setting, scores in setting_scores.items():
+        predictions = [{"doc_id": i, "score": s} for i, s in enumerate(scores)]
+        accuracy = round(100 * sum(scores) / len(scores), 2)
+        runs.append({"setting": setting, "context": context,
+                     "tasks": [{"task": task, "context": context, "accuracy": accuracy, "samples": len(scores),
+                                "predictions": predictions}]})
+        table.append({"task": task, "context": context, "setting": setting, "accuracy": accuracy,
+                      "samples": len(scores)})
+    return {"runs": runs, "table": table}
+
+
+def test_the_readme_table_has_a_cell_per_task_length_and_setting() -> None:
+    from locks_bench.ruler_results import markdown_table
+
+    one = _result({"dense": [1.0, 0.5], "locks:5%": [1.0, 0.0]})
+    two = _result({"dense": [1.0, 1.0]}, task="ruler_vt")
+    assert markdown_table([one, two]).splitlines() == [
+        "| task | 4K dense | 4K locks:5% |",
+        "|---|---|---|",
+        "| ruler_cwe | 75.0 (2) | 50.0 (2) |",
+        "| ruler_vt | 100.0 (2) | - |",
+        "| mean | 87.5 | - |",
+    ]
+
+
+def test_agreement_counts_samples_against_dense() -> None:
+    from locks_bench.ruler_results import agreement
+
+    result = _result({"dense": [1.0, 0.5, 0.0, 1.0], "locks:5%": [1.0, 1.0, 0.0, 0.5]})
+    assert agreement([result], "locks:5%") == {"ruler_cwe@4096": {"same": 2, "better": 1, "worse": 1}}
+    assert agreement([result], "locks:2048") == {}

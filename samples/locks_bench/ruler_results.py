@@ -78,3 +78,48 @@ def write_ruler_result(path: str | Path, header: dict[str, Any], run: dict[str, 
     settings, limit, seed, versions, engine sizes), ``runs`` (per setting and length: the attention backend,
     LOCKS' config, engine start seconds, task rows or the error) and ``table``. Returns the path."""
     return write_result(path, {**header, **run, "runs": runs, "table": table(runs)})
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+    """The README's table from result files (``write_ruler_result``'s dicts): a row per task, a column per length
+    and setting (in the order they ran), each cell ``accuracy (samples)``; ``-`` where a run has no row; the last
+    row the mean over the tasks of each column that has all of them."""
+    rows = [row for result in results for row in result["table"]]
+    columns = list(dict.fromkeys((row["context"], row["setting"]) for row in rows))
+    tasks = list(dict.fromkeys(row["task"] for row in rows))
+    cell = {(row["task"], row["context"], row["setting"]): row for row in rows}
+    lines = ["| task | " + " | ".join(f"{context // 1024}K {setting}" for context, setting in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for task in tasks:
+        shown = [cell.get((task, *column)) for column in columns]
+        lines.append(f"| {task} | " + " | ".join(
+            f"{row['accuracy']:.1f} ({row['samples']})" if row else "-" for row in shown) + " |")
+    means = []
+    for column in columns:
+        scores = [cell[(task, *column)]["accuracy"] for task in tasks if (task, *column) in cell]
+        means.append(f"{sum(scores) / len(scores):.1f}" if len(scores) == len(tasks) else "-")
+    lines.append("| mean | " + " | ".join(means) + " |")
+    return "\n".join(lines)
+
+
+def agreement(results: list[dict[str, Any]], setting: str, reference: str = "dense") -> dict[str, dict[str, int]]:
+    """Per task and length, how ``setting``'s samples scored against ``reference``'s on the same samples (the runs
+    share the seed, so sample ``doc_id`` is the same prompt): ``{"same", "better", "worse"}`` counts, keyed
+    ``"task@length"``."""
+    scores: dict[tuple[str, int, str], dict[Any, float]] = {}
+    for result in results:
+        for run in result["runs"]:
+            for task in run.get("tasks", []):
+                scores[(task["task"], task["context"], run["setting"])] = {
+                    p["doc_id"]: float(p["score"] or 0) for p in task.get("predictions", [])}
+    out = {}
+    for (task, context, name), mine in scores.items():
+        theirs = scores.get((task, context, reference))
+        if name != setting or theirs is None:
+            continue
+        common = [doc for doc in mine if doc in theirs]
+        out[f"{task}@{context}"] = {
+            "same": sum(mine[d] == theirs[d] for d in common),
+            "better": sum(mine[d] > theirs[d] for d in common),
+            "worse": sum(mine[d] < theirs[d] for d in common)}
+    return out
