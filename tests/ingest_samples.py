@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fpdf import FPDF
@@ -146,3 +147,14 @@ def _written(writer: PdfWriter) -> bytes:
     out = io.BytesIO()
     writer.write(out)
     return out.getvalue()
+
+
+def run_here_or_in_a_thread(run: Callable[[], None], in_thread: bool, join_s: float = 30) -> None:
+    """Call ``run`` in this (main) thread, where the time limits use SIGALRM, or in a worker thread (the chat
+    app's ingestion), where they abandon the call; waits up to ``join_s`` seconds for the worker."""
+    if not in_thread:
+        run()
+        return
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(join_s)

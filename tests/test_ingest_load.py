@@ -15,7 +15,7 @@ import pytest
 from locks_chat.errors import DocumentError, EncryptedError, LocksChatError, NoTextError, PageRangeError
 from locks_chat.ingest import load, load_document, rich_progress
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
-from tests.ingest_samples import encrypted, text_pdf, write
+from tests.ingest_samples import encrypted, run_here_or_in_a_thread, text_pdf, write
 
 
 def test_pdf_is_sniffed_by_content_not_suffix(tmp_path):
@@ -171,12 +171,7 @@ def test_time_limit(in_thread):
         except ZeroDivisionError:
             outcome["error"] = "propagated"
 
-    if in_thread:
-        worker = threading.Thread(target=run)
-        worker.start()
-        worker.join(10)
-    else:
-        run()
+    run_here_or_in_a_thread(run, in_thread, 10)
     assert outcome == {"fast": "done", "slow": "stopped", "error": "propagated"}
 
 

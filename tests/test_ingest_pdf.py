@@ -4,20 +4,13 @@ damage, per-page time limit, progress."""
 from __future__ import annotations
 
 import logging
-import threading
 
 import pytest
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, PageRangeError
 from locks_chat.ingest import PageKind, load_document
 from tests.ingest_samples import (
-    encrypted,
-    heavy_content,
-    raw_text_pdf,
-    show_text,
-    text_pdf,
-    with_page_labels,
-    write,
+    encrypted, heavy_content, raw_text_pdf, run_here_or_in_a_thread, show_text, text_pdf, with_page_labels, write,
 )
 
 FRONT = ["Title page of the book", "Preface: why this book", "Contents: one chapter"]
@@ -181,12 +174,7 @@ def test_slow_page_is_skipped_under_time_limit(tmp_path, in_thread):
     def run():
         result["doc"] = load_document(path, page_time_limit=0.2)
 
-    if in_thread:
-        worker = threading.Thread(target=run)
-        worker.start()
-        worker.join(30)
-    else:
-        run()
+    run_here_or_in_a_thread(run, in_thread, 30)
     doc = result["doc"]
     assert [p.text for p in doc.pages] == ["before the slow page", "", "after the slow page"]
     assert doc.warnings == ("page 2: text extraction took over 0.2 s, skipped",)
@@ -228,12 +216,7 @@ def test_opening_is_refused_past_its_time_limit(monkeypatch, book_pdf, in_thread
         except DocumentError as err:
             result["error"], result["s"] = err.message, time.monotonic() - start
 
-    if in_thread:
-        worker = threading.Thread(target=run)
-        worker.start()
-        worker.join(30)
-    else:
-        run()
+    run_here_or_in_a_thread(run, in_thread, 30)
     assert result["error"] == ("slow.pdf: opening the PDF took over 0.2 s (a damaged or hostile file); repair it "
                                "(e.g. qpdf) or pass another file")
     assert result["s"] < 2
