@@ -190,11 +190,18 @@ def check_backend(setting: Setting, stats_path: str | Path, timeout_s: float = 3
         raise RulerError(f"setting {setting.name}: {err}") from None
 
 
+#: seconds one engine step may take before vLLM ends the engine (its default, 300, killed a 2-core run whose core
+#: another engine shared: a busy machine should slow a run down, not end it)
+STEP_TIMEOUT_S = 3600
+
+
 def engine_env(setting: Setting, sizes: EngineSizes) -> dict[str, str]:
     """Environment of the process that starts the engine (vLLM's children inherit it): offline, the CPU_ATTN
-    override on for LOCKS and off for dense, the CPU KV cache size."""
+    override on for LOCKS and off for dense, the CPU KV cache size, a step time limit of
+    :data:`STEP_TIMEOUT_S`."""
     return {**OFFLINE_ENV, OVERRIDE_ENV: "1" if setting.mode == "locks" else "0",
-            "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(sizes.kv_cache_gib)))}
+            "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(sizes.kv_cache_gib))),
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S)}
 
 
 def task_metadata(model_dir: str, context: int) -> dict[str, Any]:
