@@ -138,7 +138,8 @@ def main(argv=None) -> int:
             spread[context] = {str(f): v for f, v in ctx["spread"].items()}
             del recs, ctx
             head["runtime_s"], head["torch_threads"] = round(time.perf_counter() - start), torch.get_num_threads()
-            out = {**head, "settings": {k: v for k, v in vars(args).items() if k not in ("model", "cache_dir", "out_dir")},
+            kept = {k: v for k, v in vars(args).items() if k not in ("model", "cache_dir", "out_dir")}
+            out = {**head, "settings": kept,
                    "rows": rows, "layer_overlap": overlaps, "oracle_superpage_spread": spread}
             out["settings"]["book"] = Path(args.book).name
             write_result(folder / "selection_cost.json", out)
