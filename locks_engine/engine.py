@@ -245,9 +245,7 @@ class LocksEngine:
             finally:
                 if not finished:
                     try:
-                        self.llm.abort_request([rid])
-                        while self.llm.has_unfinished_requests():
-                            self.llm.step()
+                        self._abort([rid])
                     except Exception:
                         # a SIGTERM sent to the process group reached the engine core too, which is shutting
                         # down: the abort is best effort and the interrupt goes on
@@ -292,10 +290,14 @@ class LocksEngine:
             finally:
                 left = [rid for rid in rids if rid not in tokens]
                 if left:
-                    self.llm.abort_request(left)
-                    while self.llm.has_unfinished_requests():
-                        self.llm.step()
+                    self._abort(left)
             return [tokens.get(rid, []) for rid in rids], records
+
+    def _abort(self, rids: list[str]) -> None:
+        """Abort requests ``rids`` in the engine and step until nothing is left unfinished."""
+        self.llm.abort_request(rids)
+        while self.llm.has_unfinished_requests():
+            self.llm.step()
 
     def close(self) -> None:
         """Shut the engine down and remove the statistics file."""
