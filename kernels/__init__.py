@@ -2,7 +2,8 @@
 
 ``build_page_summaries -> score_pages -> select_pages -> sparse_paged_attention``, plus
 ``build_cache_summaries`` (prefill), ``build_completed_page_summaries`` (the page a decode step completes),
-``decode_step`` (one layer's step, composed) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver). They take
+``decode_step`` (one layer's step, composed), the two-level selection (``build_completed_superpages``,
+``superpage_scores``, ``select_two_level``, ``superpage_slots``: ``superpages.py``) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver). They take
 tensors and plain integers (summaries as the colwise8 tuple ``(centroid, basis, coeffs, basis_scale,
 coeffs_scale)``) and import nothing from ``locks_engine``. Each takes optional ``out`` buffers; all launch fixed
 grids with no host synchronization, so a whole decode step can be captured in one CUDA graph at a fixed budget.
@@ -24,6 +25,10 @@ _MODULES = {
     "select_pages": "locks_kernels.select",
     "sparse_paged_attention": "locks_kernels.attention",
     "decode_step": "locks_kernels.step",
+    "build_completed_superpages": "locks_kernels.superpages",
+    "superpage_scores": "locks_kernels.superpages",
+    "superpage_slots": "locks_kernels.superpages",
+    "select_two_level": "locks_kernels.superpages",
 }
 
 __all__ = sorted(_MODULES)

@@ -104,12 +104,12 @@ def _tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP
 @triton.jit
 def _score_pages_kernel(
     q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr,
-    stride_qs, stride_qh, stride_bt, stride_os, stride_oh,
+    out_ptr, tiles_ptr,
+    stride_qs, stride_qh, stride_bt, stride_os, stride_oh, stride_ts, stride_th,
     scale, H, PMAX, NPROG,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, LIST: tl.constexpr,
 ):
     i_p, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_tp = tl.arange(0, TP)
@@ -118,8 +118,12 @@ def _score_pages_kernel(
     m_g = o_g < G
     p_out = out_ptr + i_s * stride_os + (i_h * G + o_g[None, :]) * stride_oh  # [1, GP]
     n_complete = tl.load(seq_lens_ptr + i_s) // B
-    n_live = tl.cdiv(n_complete, TP)
     n_tiles = tl.cdiv(PMAX, TP)
+    if LIST:
+        # slot tile i scores the pages of superpage tiles[s, h, i] (-1: none): every slot tile is walked
+        n_live = n_tiles
+    else:
+        n_live = tl.cdiv(n_complete, TP)
     # tiles past the last complete page: -inf, nothing to read
     for i_t in range(n_live + i_p, n_tiles, NPROG):
         o_j = i_t * TP + o_tp
@@ -141,14 +145,21 @@ def _score_pages_kernel(
     # Triton's software pipeliner issues the loads of the next STAGES - 1 tiles into shared memory (cp.async)
     # while this one is computed; the block-table entries go one stage earlier than the summaries they locate
     for i_t in tl.range(i_p, n_live, NPROG, num_stages=STAGES):
-        o_j = i_t * TP + o_tp
-        live = o_j < n_complete
+        o_slot = i_t * TP + o_tp
+        if LIST:
+            tile = tl.load(tiles_ptr + i_s * stride_ts + i_h * stride_th + i_t)
+            o_j = tile * TP + o_tp
+            live = (tile >= 0) & (o_j < n_complete)
+        else:
+            o_j = o_slot
+            live = o_j < n_complete
         block = tl.load(p_bt + o_j // PPB, mask=live, other=0).to(tl.int64)
         b_v8, b_c, b_mu, s_b, s_c = _tile_loads(basis_ptr, coeffs_ptr, centroid_ptr, basis_scale_ptr,
                                                 coeffs_scale_ptr, block, o_j, live, i_h, H, B, D, R, RP, KP, PPB, TP)
         b_score = _tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP, RP, KP, GP, HALF,
                             PTX)  # [TP, GP] base 2
-        tl.store(p_out + o_j[:, None], b_score * 0.6931471805599453, mask=(o_j[:, None] < PMAX) & m_g[None, :])
+        tl.store(p_out + o_slot[:, None], b_score * 0.6931471805599453,
+                 mask=(o_slot[:, None] < PMAX) & m_g[None, :])
 
 
 #: launch shape by GQA group size, ``G <= 4`` and ``G > 4``: ``(HALF, tile_pages, num_warps, stages,
@@ -165,7 +176,7 @@ def _programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, 
     return max(1, min(tiles, sms * programs_per_sm // (seqs * heads)))
 
 
-def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out):
+def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles):
     centroid, basis, coeffs, basis_scale, coeffs_scale = summaries
     seqs, num_q_heads, dim = q.shape
     heads, rank = centroid.shape[1], coeffs.shape[-1]
@@ -177,12 +188,17 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
     assert q.stride(-1) == 1, "q must be contiguous along D"
     assert all(t.is_contiguous() for t in summaries), "summary tensors must be contiguous"
     ppb = block_size // page_size
-    pmax = block_table.shape[1] * ppb
+    half, tile_pages, num_warps, stages, programs_per_sm = TUNING[num_q_heads // heads <= 4]
+    if tiles is None:
+        pmax = block_table.shape[1] * ppb
+    else:
+        assert tiles.shape[:2] == (seqs, heads) and tiles.stride(-1) == 1, "tiles must be [S, H, M], contiguous"
+        assert tile_pages == 16, "a listed tile is a superpage of 16 pages"
+        pmax = tiles.shape[-1] * tile_pages
     groups = num_q_heads // heads
     if out is None:
         out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)
     assert out.shape == (seqs, num_q_heads, pmax) and out.dtype == torch.float32 and out.stride(-1) == 1
-    half, tile_pages, num_warps, stages, programs_per_sm = TUNING[groups <= 4]
     nprog = _programs_per_head(seqs, heads, triton.cdiv(pmax, tile_pages), programs_per_sm, q.device)
     _score_pages_kernel[(nprog, heads, seqs)](
         q,
@@ -194,11 +210,14 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         block_table,
         seq_lens,
         out,
+        out if tiles is None else tiles,
         q.stride(0),
         q.stride(1),
         block_table.stride(0),
         out.stride(0),
         out.stride(1),
+        0 if tiles is None else tiles.stride(0),
+        0 if tiles is None else tiles.stride(1),
         scale,
         heads,
         pmax,
@@ -216,6 +235,7 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         # the interpreter runs no inline assembly
         PTX=isinstance(_score_pages_kernel, triton.runtime.JITFunction),
         STAGES=stages,
+        LIST=tiles is not None,
         num_warps=num_warps,
     )
     return out
@@ -230,6 +250,7 @@ def score_pages(
     block_size: int,
     scale: float | None = None,
     out: Tensor | None = None,
+    tiles: Tensor | None = None,
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Section 3.2, Eq. 2).
 
@@ -249,11 +270,15 @@ def score_pages(
         block_size (int): tokens per KV cache block (a multiple of B).
         scale (float | None): softmax scale, default ``D ** -0.5``.
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
+        tiles (Tensor | None): int `[S, H, M]` superpages (tiles of 16 pages) to score per KV head, ``-1``
+            unused (the two-level selection's second level, ``superpages.py``); None scores every page.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]` (natural log), ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages
-        that are not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each.
+        that are not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each. With
+        ``tiles``: `[S, HQ, 16 M]`, slot ``16 i + j`` scoring page ``16 tiles[s, h, i] + j`` (``-inf`` for unused
+        tiles and pages that are not complete); reads only those pages' summaries.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernel does not take.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out)
+    return _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles)

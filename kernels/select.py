@@ -72,10 +72,11 @@ def _take_top(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
 
 @triton.jit
 def _chunk_topk_kernel(
-    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr,
-    stride_ss, stride_sh, HQ, PMAX, NCHUNK, NPART, K,
+    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr,
+    stride_ss, stride_sh, stride_ts, stride_th, HQ, PMAX, NCHUNK, NPART, K,
     B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
-    SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
+    SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr, LIST: tl.constexpr,
+    TP: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
@@ -100,13 +101,19 @@ def _chunk_topk_kernel(
         lse = top + tl.log(tl.where(total > 0.0, total, 1.0))  # [GB]
         b_pri += tl.sum(tl.where((total > 0.0)[:, None], tl.exp(b_s - lse[:, None]), 0.0), axis=0)
     b_pri = b_pri / G
-    forced = (o_p < SINK) | (o_p >= num_pages - 1 - RECENT)
+    if LIST:
+        # slot 16 i + j is page 16 tiles[s, h, i] + j (tiles ascending, -1 last: slots stay in page order)
+        tile = tl.load(tiles_ptr + i_s * stride_ts + i_h * stride_th + o_p // TP, mask=o_p < PMAX, other=-1)
+        page = tl.where(tile >= 0, tile * TP + o_p % TP, -1)
+    else:
+        page = o_p
+    forced = (page < SINK) | (page >= num_pages - 1 - RECENT)
     b_pri = tl.where(forced, 2.0, b_pri)
-    keys = tl.where(o_p < num_pages, b_pri.to(tl.int32, bitcast=True) + 1, 0)
+    keys = tl.where((page >= 0) & (page < num_pages) & (o_p < PMAX), b_pri.to(tl.int32, bitcast=True) + 1, 0)
     take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
     base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
     tl.store(cand_key_ptr + base + slot, keys, mask=take)
-    tl.store(cand_page_ptr + base + slot, o_p, mask=take)
+    tl.store(cand_page_ptr + base + slot, page, mask=take)
     o_k = tl.arange(0, KP)
     tl.store(cand_key_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
 
@@ -158,6 +165,8 @@ MERGE_GROUP = 8
 BLOCK_SCORES = 16 * 2048
 #: warps of a chunk-pass program
 CHUNK_WARPS = 8
+#: pages of a listed tile (a superpage, ``superpages.py``)
+TILE_PAGES = 16
 #: thresholds counted per round of the K-th-largest search (a power of two)
 SEARCH_ARITY = 8
 #: rounds of the ``SEARCH_ARITY``-ary search that narrow the 2^30 + 1 possible keys to one (each keeps at most
@@ -187,7 +196,7 @@ def _every_page(seq_lens: Tensor, page_size: int, out: Tensor) -> Tensor:
     return out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out):
+def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -195,7 +204,10 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     if out is None:
         out = torch.empty(seqs, num_kv_heads, slots, dtype=torch.int64, device=scores.device)
     assert out.shape == (seqs, num_kv_heads, slots) and out.dtype == torch.int64 and out.stride(-1) == 1
-    if budget_pages >= pmax:
+    if tiles is not None:
+        assert tiles.shape == (seqs, num_kv_heads, pmax // TILE_PAGES) and pmax % TILE_PAGES == 0, "tiles: [S, H, M]"
+        assert tiles.stride(-1) == 1, "tiles must be contiguous along M"
+    elif budget_pages >= pmax:
         return _every_page(seq_lens, page_size, out)
     kp = triton.next_power_of_2(slots)
     chunk, group = _plan(pmax, kp)
@@ -222,8 +234,11 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         part,
         cand_key,
         cand_page,
+        cand_page if tiles is None else tiles,
         scores.stride(0),
         scores.stride(1),
+        0 if tiles is None else tiles.stride(0),
+        0 if tiles is None else tiles.stride(1),
         num_q_heads,
         pmax,
         nchunk,
@@ -239,6 +254,8 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         RECENT=recent_pages,
         NT=SEARCH_ARITY,
         ROUNDS=SEARCH_ROUNDS,
+        LIST=tiles is not None,
+        TP=TILE_PAGES,
         num_warps=CHUNK_WARPS,
     )
     if group:
@@ -286,6 +303,7 @@ def select_pages(
     sink_pages: int,
     recent_pages: int,
     out: Tensor | None = None,
+    tiles: Tensor | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -304,9 +322,13 @@ def select_pages(
         sink_pages (int): first pages always read.
         recent_pages (int): pages before the last one always read (the last page always is).
         out (Tensor | None): int64 `[S, H, min(K, Pmax)]` written in place (fixed address for CUDA graphs).
+        tiles (Tensor | None): int `[S, H, Pmax / 16]` superpages ascending (``-1`` last, unused): slot
+            ``16 i + j`` of ``scores`` is then page ``16 tiles[s, h, i] + j`` of KV head ``h`` (``score_pages``
+            with ``tiles``), as ``locks_engine.ops.select.select_candidate_pages``; forced pages must be listed.
     Returns:
         Tensor: int64 `[S, H, min(K, Pmax)]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
-    return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out)
+    return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out,
+                       tiles)

@@ -10,6 +10,8 @@ from typing import Any
 
 #: Summary storage formats (see ``locks_engine/ops/summaries.py`` for the exact layouts).
 SUMMARY_FORMATS = ("float", "paper", "colwise", "chanlog", "colwise8")
+#: How a decode step finds the pages worth reading (``locks_engine/ops/superpages.py`` for ``two-level``).
+SELECTIONS = ("flat", "two-level")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,14 @@ class LocksConfig:
     1-byte log2 scale per channel of the int4 basis) or ``colwise8`` (as ``colwise`` with an int8 basis)."""
     dense: bool = False
     """A/B switch: read every page (dense attention) instead of selecting."""
+    selection: str = "flat"
+    """``flat``: score every complete page's summary at every step. ``two-level``: score one fp16 centroid per
+    superpage of 16 pages first, then the page summaries of the chosen superpages only (``ops/superpages.py``;
+    ``kernels/NOTES.md``, "Selection cost")."""
+    candidates: tuple[int, ...] = (8,)
+    """``two-level`` only: ``c``, the page summaries scored per step as a multiple of the budget; each step scores
+    the pages of ``ceil(c * K / 16)`` superpages (plus the forced ones). One value for every layer, or one per
+    layer (layer ``i`` of the model takes entry ``i``); 0 scores that layer flat."""
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, 1)
@@ -50,6 +60,16 @@ class LocksConfig:
             )
         if not isinstance(self.dense, bool):
             raise ValueError(f"LocksConfig.dense={self.dense!r}: allowed True or False")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"LocksConfig.selection={self.selection!r}: allowed {', '.join(SELECTIONS)}")
+        if isinstance(self.candidates, list):
+            object.__setattr__(self, "candidates", tuple(self.candidates))
+        if (not isinstance(self.candidates, tuple) or not self.candidates
+                or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in self.candidates)):
+            raise ValueError(
+                f"LocksConfig.candidates={self.candidates!r}: allowed a non-empty list of integers >= 0 "
+                "(one for every layer, or one per layer; 0 = flat scan in that layer)"
+            )
         if self.budget_pages < self.always_read_pages:
             raise ValueError(
                 f"LocksConfig.budget={self.budget} tokens holds {self.budget_pages} pages of {self.page_size}, "
@@ -71,6 +91,23 @@ class LocksConfig:
     def min_budget(self) -> int:
         """The smallest ``budget`` (tokens) these pages allow: ``always_read_pages * page_size``."""
         return self.always_read_pages * self.page_size
+
+    def layer_candidates(self, layer: int | None) -> int:
+        """``c`` of decode layer ``layer`` (0-based; None when the layer's index is unknown): 0 for a flat scan.
+
+        Raises:
+            ValueError: a per-layer table without an entry for ``layer``.
+        """
+        if self.selection == "flat":
+            return 0
+        if len(self.candidates) == 1:
+            return self.candidates[0]
+        if layer is None or not 0 <= layer < len(self.candidates):
+            raise ValueError(
+                f"LocksConfig.candidates has {len(self.candidates)} entries, none for layer {layer}: give one "
+                "value for every layer, or one per layer of the model"
+            )
+        return self.candidates[layer]
 
     @property
     def quantized(self) -> bool:

@@ -124,3 +124,32 @@ def select_pages(scores: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: Locks
     index = torch.where(chosen, pages, pmax)  # unchosen sort last
     selected = index.sort(dim=-1).values[..., :slots]
     return torch.where(selected >= pmax, -1, selected)
+
+
+def select_candidate_pages(
+    scores: Tensor, pages: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: LocksConfig
+) -> Tensor:
+    """``select_pages`` over a list of candidate pages per KV head (the ``two-level`` selection's second stage):
+    the same priority (group-mean mass share, here over the candidates' scores; 2.0 for the forced pages),
+    the top ``K`` candidates kept, ties towards the lower slot.
+
+    Args:
+        scores (Tensor): `[S, HQ, C]` estimated log mass of slot ``i`` (``score_candidate_pages``).
+        pages (Tensor): int64 `[S, H, C]` logical page of each slot, ascending along ``C`` and no page twice,
+            ``-1`` in unused slots; the forced pages must be among them (``ops.superpages.candidate_pages``).
+        seq_lens (Tensor): `[S]` tokens. num_kv_heads (int): H. cfg (LocksConfig): budget, sink and recent pages.
+    Returns:
+        Tensor: int64 `[S, H, min(K, C)]` logical pages ascending, ``-1`` in unused slots.
+    """
+    seqs, _, slots_in = scores.shape
+    slots = min(cfg.budget_pages, slots_in)
+    num_pages = ((seq_lens.long() + cfg.page_size - 1) // cfg.page_size).view(-1, 1, 1)  # [S, 1, 1]
+    exists = (pages >= 0) & (pages < num_pages)
+    forced = exists & ((pages < cfg.sink_pages) | (pages >= num_pages - 1 - cfg.recent_pages))
+    priority = group_mass_shares(scores, num_kv_heads).masked_fill(forced, 2.0).masked_fill(~exists, -1.0)
+    # topk over (priority, lower slot first): a stable descending sort keeps ties in slot order
+    top = priority.sort(dim=-1, descending=True, stable=True).indices[..., :slots]
+    taken = torch.gather(priority, -1, top) >= 0
+    chosen = torch.where(taken, torch.gather(pages, -1, top), pages.new_full((), torch.iinfo(torch.int64).max))
+    chosen = chosen.sort(dim=-1).values
+    return torch.where(chosen == torch.iinfo(torch.int64).max, -1, chosen)

@@ -24,7 +24,9 @@ from locks_engine.ops import (
 from locks_engine.ops.paging import selected_blocks
 from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
+from locks_engine.ops.superpages import coarse_fraction, scanned_summaries, select_two_level
 from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.selection import Selection
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
 
 if TYPE_CHECKING:
@@ -96,18 +98,19 @@ class CpuPath:
         isa = "amx" if self.amx(kv_cache) else None
         attend_prefill(rows, query, kv_cache, self.head_size, self.scale, out, isa)
 
-    def select(self, q: Tensor, kv_cache: Tensor, store: PageSummaries | None, meta: LocksMetadata
-               ) -> tuple[Tensor, Tensor, bool]:
-        """Score and select for the decode rows (paper Sections 3.2-3.3), or every page where that reads fewer
-        bytes.
+    def select(self, q: Tensor, kv_cache: Tensor, selection: Selection, meta: LocksMetadata
+               ) -> tuple[Tensor, Tensor, bool, Tensor]:
+        """Score and select for the decode rows (paper Sections 3.2-3.3; ``ops.superpages`` for the two-level
+        scan), or every page where that reads fewer bytes.
 
         Args:
             q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
-            store (PageSummaries | None): summaries by physical page id; None with ``cfg.dense``.
+            selection (Selection): the layer's summaries (None with ``cfg.dense``) and scan.
         Returns:
-            tuple[Tensor, Tensor, bool]: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused
+            tuple[Tensor, Tensor, bool, Tensor]: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused
             slots, trailing all-padding slots dropped), the block table `[S, W]` it indexes (the used columns),
-            and whether every page is read unscored.
+            whether every page is read unscored, and the page summaries scanned per KV head (fp32 scalar,
+            ``ops.superpages.scanned_summaries``' units).
         """
         cfg, rows = meta.cfg, q.shape[0]
         block_size = kv_cache.shape[2]
@@ -116,12 +119,19 @@ class CpuPath:
         pmax = block_table.shape[1] * (block_size // cfg.page_size)
         fraction = summary_fraction(cfg, self.head_size, kv_cache.dtype)
         every = reads_every_page(cfg, longest_pages(seq_lens, cfg.page_size), fraction)
+        store = selection.store
         if every:
             selected = every_page(seq_lens, self.num_kv_heads, pmax, cfg.page_size)
+            scanned = torch.zeros(())
+        elif selection.two_level:
+            selected, pages = select_two_level(q, store, selection.superpages, block_table, seq_lens,
+                                               self.num_kv_heads, cfg, selection.candidates, block_size, self.scale)
+            scanned = scanned_summaries(pages, seq_lens, cfg.page_size, coarse_fraction(cfg, self.head_size))
         else:
             scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, self.scale)
             selected = select_pages(scores, seq_lens, self.num_kv_heads, cfg)
-        return trim_selected(selected), block_table, every
+            scanned = (seq_lens.long() // cfg.page_size).sum(dtype=torch.float32)
+        return trim_selected(selected), block_table, every, scanned
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> None:

@@ -18,8 +18,10 @@ from torch import Tensor
 from locks_engine.config import LocksConfig
 from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
+from locks_engine.ops.superpages import candidate_pages, coarse_fraction, scanned_summaries
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
+from locks_engine.vllm_backend.selection import Selection
 
 if TYPE_CHECKING:
     from locks_engine.vllm_backend.metadata import LocksMetadata
@@ -88,17 +90,19 @@ class CudaPath:
         """Dense causal attention of the prefill rows (``prefill.py``: FlashAttention for fp16/bf16)."""
         attend_prefill(rows, query, kv_cache, self.head_size, self.scale, out)
 
-    def select(self, q: Tensor, kv_cache: Tensor, store: PageSummaries | None, meta: LocksMetadata
-               ) -> tuple[Tensor, Tensor, bool]:
-        """Summarize the page each decode token completed, score every page, select (paper Sections 3.1-3.3);
-        every page unscored where ``reads_every_page`` says so for ``Pmax`` pages.
+    def select(self, q: Tensor, kv_cache: Tensor, selection: Selection, meta: LocksMetadata
+               ) -> tuple[Tensor, Tensor, bool, Tensor | None]:
+        """Summarize the page (and superpage) each decode token completed, score every page or, two-level, the
+        chosen superpages' pages, select (paper Sections 3.1-3.3; ``locks_kernels.superpages``); every page
+        unscored where ``reads_every_page`` says so for ``Pmax`` pages.
 
         Args:
             q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
-            store (PageSummaries | None): summaries by physical page id, updated in place; None with ``cfg.dense``.
+            selection (Selection): the layer's summaries (updated in place; None with ``cfg.dense``) and scan.
         Returns:
-            tuple[Tensor, Tensor, bool]: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused
-            slots), the block table `[S, W]` it indexes, and whether every page is read unscored.
+            tuple: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused slots), the block table
+            `[S, W]` it indexes, whether every page is read unscored, and for a two-level scan the page summaries
+            it scanned per KV head (fp32 `[]` on the device, ``ops.superpages.scanned_summaries``), else None.
         """
         import locks_kernels as lk
 
@@ -107,17 +111,30 @@ class CudaPath:
         seq_lens, block_table = meta.seq_lens[:rows], meta.block_table[:rows]
         k_cache = self.views(kv_cache)[0]
         pmax = block_table.shape[1] * (block_size // cfg.page_size)
-        summaries = None if store is None else store.colwise8()
+        summaries = None if selection.store is None else selection.store.colwise8()
         if summaries is not None:
             lk.build_completed_page_summaries(k_cache, block_table, seq_lens, summaries, cfg.page_size)
+            if selection.superpages is not None:
+                lk.build_completed_superpages(summaries[0], selection.superpages, block_table, seq_lens,
+                                              cfg.page_size, block_size)
         every = reads_every_page(cfg, pmax, summary_fraction(cfg, self.head_size, kv_cache.dtype))
         if every:
-            return every_page(seq_lens, self.num_kv_heads, pmax, cfg.page_size), block_table, True
+            return every_page(seq_lens, self.num_kv_heads, pmax, cfg.page_size), block_table, True, None
+        if selection.two_level:
+            selected, chosen = lk.select_two_level(
+                q, summaries, selection.superpages, block_table, seq_lens, cfg.page_size, block_size,
+                cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, selection.candidates, self.scale,
+            )
+            scanned = None
+            if meta.stats is not None:
+                pages = candidate_pages(chosen, seq_lens, cfg.page_size)
+                scanned = scanned_summaries(pages, seq_lens, cfg.page_size, coarse_fraction(cfg, self.head_size))
+            return selected, block_table, False, scanned
         scores = lk.score_pages(q, summaries, block_table, seq_lens, cfg.page_size, block_size, self.scale)
         selected = lk.select_pages(
             scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages
         )
-        return selected, block_table, False
+        return selected, block_table, False, None
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> None:

@@ -10,15 +10,20 @@ graphs).
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
+from locks_engine.config import LocksConfig
 from locks_engine.ops import allocate_page_summaries
 from locks_engine.ops.summaries import PageSummaries
+from locks_engine.ops.superpages import allocate_superpages, write_superpage_centroids
 from locks_engine.vllm_backend import cpu, cuda, hooks
 from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.metadata import LocksMetadata
+from locks_engine.vllm_backend.selection import Selection
 
 
 class UnsupportedAttentionError(ValueError):
@@ -76,7 +81,10 @@ class LocksAttentionImpl(AttentionImpl):
         self.path: cpu.CpuPath | cuda.CudaPath | None = None
         """The device path, picked from the first cache the layer sees (``path_for``)."""
         self._store: PageSummaries | None = None
+        self._superpages: Tensor | None = None
+        """fp16 `[P, H, D]` superpage centroids (``two-level`` selection only, ``ops.superpages``)."""
         self._store_key = None
+        self._candidates: dict[LocksConfig, int] = {}
 
     def cpu_isa(self, kv_cache: Tensor) -> str:
         """The vLLM CPU kernel ISA whose layout this layer's cache `[num_blocks, H, block_size, 2*D]` has."""
@@ -130,19 +138,32 @@ class LocksAttentionImpl(AttentionImpl):
         if meta.prefill is not None:
             path.attend_prefill(meta.prefill, query[nd:end], kv_cache, output[nd:end])
         layer_name = getattr(layer, "layer_name", meta.last_layer_name)
-        selected = every = None
+        selected = every = scanned = None
         if nd:
-            selected, block_table, every = path.select(query[:nd], kv_cache, store, meta)
+            selection = Selection(store, self._superpages, self.candidates(meta.cfg, layer_name))
+            selected, block_table, every, scanned = path.select(query[:nd], kv_cache, selection, meta)
             undo = self._run_hooks(path, kv_cache, meta, layer_name, selected, block_table)
             path.attend(query[:nd], kv_cache, selected, block_table, meta.seq_lens[:nd], meta, output[:nd])
             for restore in reversed(undo):
                 restore()
         if isinstance(meta.stats, DeviceStepStats):
             qsl = meta.query_start_loc
-            meta.stats.count(layer_name, selected, every, meta.seq_lens[:nd], qsl[-1] - qsl[nd])
+            meta.stats.count(layer_name, selected, every, meta.seq_lens[:nd], qsl[-1] - qsl[nd], scanned)
         elif meta.stats is not None:
-            self._count(meta, selected, every, layer_name == meta.last_layer_name)
+            self._count(meta, selected, scanned, layer_name == meta.last_layer_name)
         return output
+
+    def candidates(self, cfg: LocksConfig, layer_name: str) -> int:
+        """``c`` of this layer (``LocksConfig.layer_candidates``; the layer's index is the first number of its
+        vLLM name, ``model.layers.N.self_attn.attn``): 0 for a flat scan.
+
+        Raises:
+            ValueError: a per-layer ``candidates`` table without an entry for this layer.
+        """
+        if cfg not in self._candidates:
+            number = re.search(r"\.(\d+)\.", f".{layer_name}.")
+            self._candidates[cfg] = cfg.layer_candidates(int(number.group(1)) if number else None)
+        return self._candidates[cfg]
 
     def _run_hooks(self, path, kv_cache: Tensor, meta: LocksMetadata, layer_name: str, selected: Tensor,
                    block_table: Tensor) -> list:
@@ -167,15 +188,14 @@ class LocksAttentionImpl(AttentionImpl):
                 undo.append(restore)
         return undo
 
-    def _count(self, meta: LocksMetadata, selected: Tensor | None, every: bool | None, last_layer: bool) -> None:
+    def _count(self, meta: LocksMetadata, selected: Tensor | None, scanned: Tensor | None, last_layer: bool) -> None:
         """Add this layer's decode reads to the step's host statistics (CPU path; host syncs);
-        the last layer flushes the step to the ring. Pages scanned by scoring: every complete page of every
-        decode row, none where every page is read unscored."""
-        num_pages, scored = None, 0
+        the last layer flushes the step to the ring. Summaries scanned: ``scanned``, the path's count."""
+        num_pages, scored = None, 0.0
         if selected is not None:
             seq_lens, page_size = meta.seq_lens[: meta.num_decodes].long(), meta.cfg.page_size
             num_pages = (seq_lens + page_size - 1) // page_size
-            scored = 0 if every else int((seq_lens // page_size).sum())
+            scored = float(scanned)
         meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads)
         if last_layer:
             meta.stats.flush()
@@ -199,6 +219,11 @@ class LocksAttentionImpl(AttentionImpl):
             self._store = allocate_page_summaries(
                 num_pages, self.num_kv_heads, self.head_size, meta.cfg, kv_cache.device
             )
+            self._superpages = None
+            if meta.cfg.selection == "two-level":
+                self._superpages = allocate_superpages(num_pages, self.num_kv_heads, self.head_size, kv_cache.device)
             self._store_key = key
         path.summarize(self._store, kv_cache, meta)
+        if self._superpages is not None:
+            write_superpage_centroids(self._superpages, self._store, meta.new_superpages)
         return self._store

@@ -21,13 +21,15 @@ logger = logging.getLogger(__name__)
 
 def locks_summary_fraction(vllm_config) -> float:
     """Summary bytes over K+V bytes for an engine of ``vllm_config``: 0 unless its attention backend is
-    ``CUSTOM`` (LOCKS, registered by the plugin) with summaries (not ``dense``).
+    ``CUSTOM`` (LOCKS, registered by the plugin) with summaries (not ``dense``); the ``two-level`` selection's
+    superpage centroids included (``ops.superpages.superpage_fraction``).
 
     Raises:
         ValueError: ``additional_config["locks"]`` is not a valid ``LocksConfig``.
     """
     from locks_engine.config import LocksConfig
     from locks_engine.ops.select import summary_fraction
+    from locks_engine.ops.superpages import superpage_fraction
     from locks_engine.vllm_backend.settings import CONFIG_KEY
 
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
@@ -38,7 +40,10 @@ def locks_summary_fraction(vllm_config) -> float:
     if cfg.dense:
         return 0.0
     model = vllm_config.model_config
-    return summary_fraction(cfg, model.get_head_size(), model.dtype)
+    fraction = summary_fraction(cfg, model.get_head_size(), model.dtype)
+    if cfg.selection == "two-level":
+        fraction += superpage_fraction(cfg.page_size)
+    return fraction
 
 
 def kv_share(available_bytes: int, fraction: float) -> int:

@@ -25,6 +25,7 @@ from vllm.v1.attention.backend import (
 
 from locks_engine.config import LocksConfig
 from locks_engine.ops import summary_bytes
+from locks_engine.ops.superpages import SUPERPAGE_PAGES, completed_superpages
 from locks_engine.stats import StatsRing, run_id
 from locks_engine.vllm_backend import compat, hooks
 from locks_engine.vllm_backend.cuda import check_summary_format
@@ -54,6 +55,9 @@ class LocksMetadata:
     """`[Pn]` int64 physical page ids of the pages this step completes."""
     new_page_slots: Tensor
     """`[Pn, B]` int64 cache slots of those pages' tokens."""
+    new_superpages: Tensor
+    """`[Ns, 16]` int64 physical page ids of the pages of each superpage this step completes (``two-level``
+    selection only; empty otherwise), for the same rows as ``new_page_ids``."""
     prefill: PrefillRows | None
     """The rows after the decodes, or None."""
     stats: StepStats | DeviceStepStats | None
@@ -155,6 +159,10 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             block_table = cam.block_table_tensor[:rows, :width]
             paged = slice(0, rows)
         ids, slots = self._new_pages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged], block_table[paged])
+        superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long)
+        if self.cfg.selection == "two-level" and not self.cfg.dense:
+            superpages = completed_superpages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged],
+                                              block_table[paged], self.cfg.page_size, self.block_size)
         prefill = None
         if num_decodes < rows:
             base = starts[num_decodes]
@@ -179,6 +187,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             slot_mapping=cam.slot_mapping,
             new_page_ids=ids.to(self.device, non_blocking=True),
             new_page_slots=slots.to(self.device, non_blocking=True),
+            new_superpages=superpages.to(self.device, non_blocking=True),
             prefill=prefill,
             stats=self.stats,
             last_layer_name=self.last_layer_name,

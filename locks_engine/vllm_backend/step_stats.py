@@ -46,13 +46,14 @@ class StepStats:
         self.pages_total = 0
         self.summaries_read = 0
 
-    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: int, kv_heads: int) -> None:
+    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: float, kv_heads: int) -> None:
         """Count one layer's decode reads.
 
         Args:
             selected (Tensor | None): `[S, H, K]` logical pages read, ``-1`` padded (None: no decode rows).
             num_pages (Tensor | None): `[S]` pages of each decode row (incomplete last page included).
-            scored_pages (int): page summaries scanned by this layer, summed over rows (per KV head).
+            scored_pages (float): page summaries scanned by this layer, summed over rows, per KV head (a two-level
+                scan's superpage centroids counted as fractions of a page summary).
             kv_heads (int): H.
         """
         self.layers += 1
@@ -63,7 +64,7 @@ class StepStats:
         per_row = valid.sum(dim=(1, 2))  # [S]
         self.pages_read += int(per_row.sum())
         self.pages_total += int(num_pages.sum()) * kv_heads
-        self.summaries_read += scored_pages * kv_heads
+        self.summaries_read += round(scored_pages * kv_heads)
         rows = min(self.max_rows, selected.shape[0])
         self.row_pages[:rows] += per_row[:rows]
         bins = (selected[:rows].clamp_min(0).cpu() // self.pages_per_bin).clamp_max(self.bins - 1).flatten(1)
