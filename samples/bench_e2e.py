@@ -104,13 +104,13 @@ def run_engine(args: argparse.Namespace) -> dict:
     model_dir = Path(args.out) / f"model-{args.shape}-{cfg['num_hidden_layers']}"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
-    locks = args.backend == "locks"
+    locks = args.backend.startswith("locks")
     per_token = kv_bytes_per_token(cfg, args.tp)
     seqs = max([1, *[batches.get(c, 1) for c in contexts]])
     # KV for the largest (context x batch) cell, with 2% and 1 GiB of slack; LOCKS' summaries come on top
     need_tokens = max(c * batches.get(c, 1) for c in contexts) + seqs * (n2 + 64)
     kv_bytes = int(need_tokens * per_token * 1.02) + (1 << 30)
-    locks_cfg = LocksConfig(budget=args.budget, rank=args.rank, dense=not locks,
+    locks_cfg = LocksConfig(budget=args.budget, rank=args.rank, dense=not locks, **selection_settings(args),
                             **({"summary_format": args.summary_format} if args.summary_format else {}))
     capture = sorted({1, *batches.values()})
     # the app's engine (locks_engine.LocksEngine): its platform arguments, its statistics ring (counted on the
@@ -130,13 +130,20 @@ def run_engine(args: argparse.Namespace) -> dict:
         engine.close()
 
 
+def selection_settings(args: argparse.Namespace) -> dict:
+    """``LocksConfig``'s ``selection`` and ``candidates`` of the backend: two-level for ``locks-2l``."""
+    if args.backend != "locks-2l":
+        return {"selection": "flat"}
+    return {"selection": "two-level", "candidates": tuple(parse_ints(args.candidates))}
+
+
 def measure_engine(engine, args: argparse.Namespace, cfg: dict, contexts: list[int], batches: dict[int, int],
                    decode: tuple[int, int], start_s: float, kv_bytes: int) -> dict:
     """Every cell of one started engine (then the profiles asked for); returns the result dict."""
     import torch
 
     n1, n2 = decode
-    locks = args.backend == "locks"
+    locks = args.backend.startswith("locks")
     engine.llm.apply_model(install_probes)
     free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
     result = {
@@ -144,6 +151,7 @@ def measure_engine(engine, args: argparse.Namespace, cfg: dict, contexts: list[i
         "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
         "budget": args.budget if locks else None, "rank": args.rank if locks else None,
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
+        **(selection_settings(args) if locks else {}),
         # a name for the kernels' version (--kernels), so that summaries fit depths within one version only
         "kernels": args.kernels if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_bench.scheduler)
@@ -346,7 +354,7 @@ def check(results: list[dict]) -> list[str]:
             if "skipped" in c:
                 continue
             where = f"{r['shape']} L{r['layers']} {r['backend']} ctx {c['context']} batch {c['batch']}"
-            if r["backend"] == "locks" and r.get("statistics", True) and c["context"] > (r["budget"] or 0):
+            if r["backend"].startswith("locks") and r.get("statistics", True) and c["context"] > (r["budget"] or 0):
                 frac = c.get("pages_read_frac")
                 if frac is None or not 0 < frac < 1:
                     failures.append(f"{where}: pages read fraction {frac} (expected in (0, 1))")

@@ -23,6 +23,7 @@ Run (writes ``kernels.json``, ``kernels_full.json`` and ``kernels.png`` under ``
 
     python samples/bench_kernels.py --out samples/results
     python samples/bench_kernels.py --out OUT --baseline-module locks_kernels_old --baseline-only
+    python samples/bench_kernels.py --out OUT --two-level 2,4,8
 """
 
 from __future__ import annotations
@@ -167,6 +168,74 @@ def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
     return rows
 
 
+#: two-level against flat decode steps: (name, shape in SHAPES, context tokens), batch 1
+TWO_LEVEL = (("glm-4-9b 1M", "glm-4-9b", 1 << 20), ("llama-3.1-8b 128K", "llama-3.1-8b", 1 << 17),
+             ("llama-3.1-8b 256K", "llama-3.1-8b", 1 << 18))
+
+
+def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int]) -> list[dict]:
+    """The decode step (``build=False``) with the flat scan and with the two-level selection at each ``c`` of
+    ``candidates``, interleaved replays on the same cache, summaries and queries, at :data:`TWO_LEVEL`'s shapes,
+    batch 1; the two-level stages timed alone; dense SDPA (flash, cuDNN) on the same K/V for scale. Bytes a
+    step and layer: flat ``P s + K p``; two-level ``P / 16 * 2 D + 16 M s + K p`` (``M`` superpages scored)."""
+    from locks_engine.ops.superpages import allocate_superpages, completed_superpages, write_superpage_centroids
+
+    budget = dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
+                  recent_pages=cfg.recent_pages)
+    rows = []
+    for label, shape, ctx in TWO_LEVEL:
+        h, hq, d = SHAPES[shape]
+        s = Setup(h, hq, d, 1, ctx, cfg)
+        table, lens = s.views(ctx)
+        sp = allocate_superpages(s.store.num_pages, h, d, "cuda")
+        write_superpage_centroids(sp, s.store, completed_superpages(lens, lens, table, cfg.page_size, BLOCK))
+        steps = {"flat": lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False)}
+        for c in candidates:
+            steps[f"c{c}"] = (lambda c=c: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget,
+                                                         build=False, superpages=sp, candidates=c))
+        ms = timer.interleaved(steps)
+        q4, k, v = s.dense_views(ctx)
+        dense = {}
+        for name, backend in DENSE.items():
+            try:
+                with sdpa_kernel([backend]):
+                    dense[name] = timer(lambda: F.scaled_dot_product_attention(q4, k, v))[0]
+            except Exception:  # backend absent for these shapes or strides
+                continue
+        summ, kv_page = summary_bytes(cfg.page_size, cfg.rank, d, cfg.summary_format)
+        pages = ctx // cfg.page_size
+        kv_all = h * pages * kv_page
+        row = {"shape": label, "context": ctx, "kv_heads": h, "q_heads": hq, "head_dim": d, "batch": 1,
+               "budget": cfg.budget, "dense_ms": dense, "flat_ms": ms["flat"],
+               "flat_bytes_pct": 100 * h * (pages * summ + cfg.budget_pages * kv_page) / kv_all, "two_level": {}}
+        for c in candidates:
+            slots = lk.superpage_slots(cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, c)
+            coarse = lk.superpage_scores(s.q, sp, table, lens, cfg.page_size, BLOCK)
+            chosen = lk.select_pages(coarse, lens, h, slots, cfg.page_size * 16, 1, 1)
+            scores = lk.score_pages(s.q, s.summaries, table, lens, cfg.page_size, BLOCK, tiles=chosen)
+            stages = {
+                "superpage_scores": timer(lambda: lk.superpage_scores(s.q, sp, table, lens, cfg.page_size, BLOCK,
+                                                                      out=coarse))[0],
+                "superpage_select": timer(lambda: lk.select_pages(coarse, lens, h, slots, cfg.page_size * 16, 1, 1,
+                                                                  out=chosen))[0],
+                "page_scores": timer(lambda: lk.score_pages(s.q, s.summaries, table, lens, cfg.page_size, BLOCK,
+                                                            out=scores, tiles=chosen))[0],
+                "page_select": timer(lambda: lk.select_pages(scores, lens, h, **budget, tiles=chosen))[0],
+            }
+            read = h * (pages / 16 * 2 * d + 16 * slots * summ + cfg.budget_pages * kv_page)
+            row["two_level"][c] = {"ms": ms[f"c{c}"], "superpages_scored": slots, "bytes_pct": 100 * read / kv_all,
+                                   "flat_over_two_level": ms["flat"] / ms[f"c{c}"], "stages_ms": stages}
+        rows.append(row)
+        best = min(dense.values()) if dense else float("nan")
+        print(f"{label:18s} dense {best * 1e3:7.1f} us | flat {ms['flat'] * 1e3:7.1f} us "
+              f"({row['flat_bytes_pct']:.1f}% of K+V) | " + " | ".join(
+                  f"c{c} {t['ms'] * 1e3:6.1f} us ({t['bytes_pct']:.1f}%)" for c, t in row["two_level"].items()),
+              flush=True)
+        del s, steps, sp
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("samples/results"))
@@ -178,6 +247,8 @@ def main() -> None:
     ap.add_argument("--baseline-module", help="also time the decode step with the kernels of this module (the "
                     "earlier API) against this package's, interleaved; writes baseline.json")
     ap.add_argument("--baseline-only", action="store_true", help="with --baseline-module: only that comparison")
+    ap.add_argument("--two-level", default="", help="comma-separated c: time the two-level selection's decode "
+                    "step against the flat scan's (two_level.json), then stop")
     args = ap.parse_args()
     changed = {k: v for k, v in vars(args).items() if k != "out" and v != ap.get_default(k)}
     command = "python samples/bench_kernels.py" + "".join(
@@ -186,6 +257,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     timer = Timer(args.reps)
+    if args.two_level:
+        rows = two_level(timer, cfg, [int(c) for c in args.two_level.split(",")])
+        (args.out / "two_level.json").write_text(json.dumps(
+            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
+             "rows": rows}, indent=1))
+        return
     if args.baseline_module:
         rows = baseline(args.baseline_module, timer, cfg)
         (args.out / "baseline.json").write_text(json.dumps(

@@ -110,7 +110,6 @@ def test_two_level_decode_step_replays_equal_eager_and_builds_the_completed_supe
     superpages = torch.zeros_like(summaries[0])
 
     def step():
-        lk.build_completed_page_summaries(sc.k_cache, sc.block_table, sc.seq_lens - 1, summaries, sc.page_size)
         return lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, summaries, cfg.page_size,
                               cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, superpages=superpages,
                               candidates=2)

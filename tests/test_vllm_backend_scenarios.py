@@ -25,7 +25,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
 from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.stats import StatsReader, StatsRing  # noqa: E402
-from locks_engine.vllm_backend import compat  # noqa: E402
+from locks_engine.vllm_backend import compat, device_stats  # noqa: E402
 from locks_engine.vllm_backend.impl import LocksAttentionImpl  # noqa: E402
 from locks_engine.vllm_backend.metadata import LocksMetadataBuilder  # noqa: E402
 
@@ -124,6 +124,8 @@ class Run:
         meta = self.builder.build(0, cam)
         out = torch.full_like(q, float("nan"))
         self.impl.forward(None, q, k, v, self.kv_cache, meta, out)
+        if self.device == "cuda":
+            device_stats.flush_all()  # the step's record, counted on the device, into the ring
         return out.cpu()
 
     def keep_kv_heads(self, heads: slice, stats_path, run: str) -> None:

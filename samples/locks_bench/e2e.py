@@ -20,7 +20,8 @@ TINY = {
     "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rope_theta": 10000.0,
 }
 SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
-BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM"}
+BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM", "locks-2l": "CUSTOM"}
+"""``locks``: the flat scan; ``locks-2l``: the two-level selection with ``--candidates``."""
 #: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
 HBM_PEAK_BYTES_S = 4.8e12
 
@@ -96,6 +97,8 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget (tokens)")
     parser.add_argument("--rank", type=int, default=8, help="LOCKS summary rank")
     parser.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
+    parser.add_argument("--candidates", default="4",
+                        help="locks-2l: c, one value or one per layer, comma-separated (LocksConfig.candidates)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--tensor-parallel-size", dest="tp", type=int, help="same as --tp")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
@@ -135,14 +138,14 @@ def prefix_walk_kwargs(cut: bool) -> dict:
 
 def engine_name(shape: str, layers, backend: str, tp: int, stats: bool = True) -> str:
     depth = f"-L{layers}" if layers else ""
-    nostats = "-nostats" if backend == "locks" and not stats else ""
+    nostats = "-nostats" if backend.startswith("locks") and not stats else ""
     return f"{shape}{depth}-{backend}{nostats}" + (f"-tp{tp}" if tp > 1 else "")
 
 
 def child_args(args: argparse.Namespace) -> list[str]:
     return ["--shape", args.shape, "--contexts", args.contexts, "--batch", args.batch, "--decode", args.decode,
             "--reps", str(args.reps), "--budget", str(args.budget), "--rank", str(args.rank), "--tp", str(args.tp),
-            "--summary-format", args.summary_format,
+            "--summary-format", args.summary_format, "--candidates", args.candidates,
             "--seed", str(args.seed), "--out", args.out, "--profile-steps", str(args.profile_steps),
             "--py-spy-steps", str(args.py_spy_steps),
             *(["--eager"] if args.eager else []), *(["--no-prefix-walk"] if args.no_prefix_walk else []),
