@@ -11,7 +11,7 @@ from locks_engine.ops.score import score_candidate_pages
 from locks_engine.ops.select import group_mass_shares, select_candidate_pages
 from locks_engine.ops.superpages import (
     SUPERPAGE_PAGES, allocate_superpages, candidate_pages, completed_superpages, select_two_level, superpage_config,
-    superpage_scores, write_superpage_centroids,
+    scanned_summaries, superpage_scores, two_level_scanned, write_superpage_centroids,
 )
 from tests.helpers import make_scenario
 
@@ -149,3 +149,17 @@ def test_config_takes_two_level_settings_and_rejects_bad_ones():
                 {"candidates": 4}):
         with pytest.raises(ValueError, match="LocksConfig"):
             LocksConfig.from_dict(bad)
+
+
+@pytest.mark.parametrize("candidates", [1, 3])
+def test_scanned_count_from_the_lengths_equals_the_candidates_count(candidates):
+    lengths = [16 * 300 + 9, 16 * 256, 16 * 48, 16 * 47 + 15, 16 * 16, 5, 16 * 64 + 1]
+    sc = make_scenario(lengths, num_kv_heads=2, groups=2, head_dim=32, seed=7)
+    cfg = LocksConfig(budget=16 * 8, sink_pages=1, recent_pages=1)
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    sp, _ = _superpages(sc, store)
+    _, pages = select_two_level(sc.q, store, sp, sc.block_table, sc.seq_lens, 2, cfg, candidates, sc.block_size)
+    slots = superpage_config(cfg, candidates).budget_pages
+    for row in range(len(lengths)):
+        one = sc.seq_lens[row : row + 1]
+        assert two_level_scanned(one, 16, slots, 0.25) == scanned_summaries(pages[row : row + 1], one, 16, 0.25), row

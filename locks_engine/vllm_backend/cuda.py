@@ -18,7 +18,7 @@ from torch import Tensor
 from locks_engine.config import LocksConfig
 from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
-from locks_engine.ops.superpages import candidate_pages, coarse_fraction, scanned_summaries
+from locks_engine.ops.superpages import coarse_fraction
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
 from locks_engine.vllm_backend.selection import Selection
@@ -101,8 +101,9 @@ class CudaPath:
             selection (Selection): the layer's summaries (updated in place; None with ``cfg.dense``) and scan.
         Returns:
             tuple: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused slots), the block table
-            `[S, W]` it indexes, whether every page is read unscored, and for a two-level scan the page summaries
-            it scanned per KV head (fp32 `[]` on the device, ``ops.superpages.scanned_summaries``), else None.
+            `[S, W]` it indexes, whether every page is read unscored, and for a two-level scan
+            ``(superpages chosen, coarse_fraction)`` (what the statistics count it by, ``DeviceStepStats.count``),
+            else None.
         """
         import locks_kernels as lk
 
@@ -125,11 +126,7 @@ class CudaPath:
                 q, summaries, selection.superpages, block_table, seq_lens, cfg.page_size, block_size,
                 cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, selection.candidates, self.scale,
             )
-            scanned = None
-            if meta.stats is not None:
-                pages = candidate_pages(chosen, seq_lens, cfg.page_size)
-                scanned = scanned_summaries(pages, seq_lens, cfg.page_size, coarse_fraction(cfg, self.head_size))
-            return selected, block_table, False, scanned
+            return selected, block_table, False, (chosen.shape[-1], coarse_fraction(cfg, self.head_size))
         scores = lk.score_pages(q, summaries, block_table, seq_lens, cfg.page_size, block_size, self.scale)
         selected = lk.select_pages(
             scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages

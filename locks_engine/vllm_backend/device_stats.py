@@ -22,6 +22,7 @@ import time
 import torch
 from torch import Tensor
 
+from locks_engine.ops.superpages import two_level_scanned
 from locks_engine.stats import StatsRing
 
 #: Slots of the device ring: steps the host may fall behind by before it loses one.
@@ -71,14 +72,13 @@ class DeviceStepStats:
         self.host_tails = torch.zeros(SLOTS, dtype=torch.int32, pin_memory=pinned)
         self.collected = 0
         """The newest step appended to the ring."""
-        self.scanned = torch.zeros((), dtype=torch.float32, device=device)
-        """Page summaries the two-level layers of this step scanned, per KV head (reset by ``_close``)."""
-        self.two_level_layers = 0
-        """Layers of this step that scanned two-level (counted on the host, at capture for a graph)."""
+        self.two_level: dict[tuple[int, float], int] = {}
+        """Layers of this step that scanned two-level, by ``(slots, coarse_fraction)`` (on the host: for a graph,
+        at capture)."""
         _live.append(self)
 
     def count(self, layer_name: str, selected: Tensor | None, every: bool | None, seq_lens: Tensor,
-              num_prefill_tokens: Tensor, scanned: Tensor | None = None) -> None:
+              num_prefill_tokens: Tensor, two_level: tuple[int, float] | None = None) -> None:
         """Record one layer's decode selection (no host sync: CUDA-graph safe); the last layer closes the step.
 
         Args:
@@ -87,8 +87,9 @@ class DeviceStepStats:
             every (bool | None): every page read unscored (no summaries scanned).
             seq_lens (Tensor): `[S]` int32 tokens of the decode rows.
             num_prefill_tokens (Tensor): `[]` int32 tokens of the step's prefill rows.
-            scanned (Tensor | None): fp32 `[]` page summaries a two-level layer scanned, per KV head
-                (``ops.superpages.scanned_summaries``); None for a flat scan (every complete page).
+            two_level (tuple | None): ``(slots, coarse_fraction)`` of a two-level layer (the summaries it scanned
+                are counted from the lengths once a step, ``ops.superpages.two_level_scanned``, not by more launches
+                in every layer's graph); None for a flat scan (every complete page).
         Raises:
             RuntimeError: the selection buffer would be allocated inside CUDA graph capture.
         """
@@ -96,12 +97,11 @@ class DeviceStepStats:
         rows = 0 if selected is None else selected.shape[0]
         if rows:
             self._buffer(selected)[layer, :rows].copy_(selected)
-            if scanned is not None and not every:
-                self.scanned.add_(scanned)
-                self.two_level_layers += 1
+            if two_level is not None and not every:
+                self.two_level[two_level] = self.two_level.get(two_level, 0) + 1
         if layer == self.num_layers - 1:
             self._close(rows, bool(every), seq_lens, num_prefill_tokens)
-            self.two_level_layers = 0
+            self.two_level = {}
 
     def _buffer(self, selected: Tensor) -> Tensor:
         """The selection buffer for selections shaped like ``selected`` (allocated anew when the width changes)."""
@@ -132,11 +132,12 @@ class DeviceStepStats:
             record[3] = per_row.sum()
             record[4] = pages.sum() * heads
             if not every:
-                flat = (self.num_layers - self.two_level_layers) * self.kv_heads
+                flat = (self.num_layers - sum(self.two_level.values())) * self.kv_heads
                 record[5] = (seq // self.page_size).sum() * flat
-                if self.two_level_layers:
-                    record[5] += (self.scanned * self.kv_heads).round().to(torch.int32)
-                    self.scanned.zero_()
+                if self.two_level:
+                    scanned = sum(n * two_level_scanned(seq, self.page_size, slots, coarse)
+                                  for (slots, coarse), n in self.two_level.items())
+                    record[5] += (scanned * self.kv_heads).round().to(torch.int32)
             fields = record[_HEAD:_HEAD + 3 * self.max_rows].view(3, self.max_rows)
             fields[0, :shown] = seq[:shown]
             fields[1, :shown] = per_row[:shown]

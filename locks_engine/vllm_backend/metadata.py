@@ -101,6 +101,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
                 f"{self.block_size}: pick a page size that divides it, or set block_size"
             )
         self.ppb = self.block_size // self.cfg.page_size
+        self._no_superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long, device=device)
         self.on_cuda = torch.device(device).type == "cuda"
         if self.on_cuda:
             check_summary_format(self.cfg)
@@ -159,10 +160,11 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             block_table = cam.block_table_tensor[:rows, :width]
             paged = slice(0, rows)
         ids, slots = self._new_pages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged], block_table[paged])
-        superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long)
-        if self.cfg.selection == "two-level" and not self.cfg.dense:
+        superpages = self._no_superpages  # decode-only steps on CUDA: built on the device (``cuda.py``)
+        if self.cfg.selection == "two-level" and not self.cfg.dense and ids.numel():
             superpages = completed_superpages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged],
                                               block_table[paged], self.cfg.page_size, self.block_size)
+            superpages = superpages.to(self.device, non_blocking=True)
         prefill = None
         if num_decodes < rows:
             base = starts[num_decodes]
@@ -187,7 +189,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             slot_mapping=cam.slot_mapping,
             new_page_ids=ids.to(self.device, non_blocking=True),
             new_page_slots=slots.to(self.device, non_blocking=True),
-            new_superpages=superpages.to(self.device, non_blocking=True),
+            new_superpages=superpages,
             prefill=prefill,
             stats=self.stats,
             last_layer_name=self.last_layer_name,
