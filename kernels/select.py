@@ -1,6 +1,7 @@
 """Stage 3 in Triton: group-shared top-K page selection under the budget (paper Section 3.3).
 
-Two to four launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages:
+One to four launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages
+(one when a single chunk holds every page: pass 2 then takes the heads' lse from the scores and writes the output):
 
 1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)``.
 2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
@@ -72,11 +73,11 @@ def _take_top(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
 
 @triton.jit
 def _chunk_topk_kernel(
-    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr,
-    stride_ss, stride_sh, stride_ts, stride_th, HQ, PMAX, NCHUNK, NPART, K,
+    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr,
+    stride_ss, stride_sh, stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K,
     B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
     SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr, LIST: tl.constexpr,
-    TP: tl.constexpr,
+    TP: tl.constexpr, SINGLE: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_p = i_c * C + tl.arange(0, C)
@@ -88,16 +89,22 @@ def _chunk_topk_kernel(
     for g0 in range(0, G, GB):
         m_g = g0 + o_g < G
         hq = i_h * G + g0 + o_g
-        m_n = m_g[:, None] & (o_n < NPART)[None, :]
-        p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NPART + o_n[None, :]) * 2  # [GB, NPP]
-        b_m = tl.load(p_part, mask=m_n, other=float("-inf"))
-        b_l = tl.load(p_part + 1, mask=m_n, other=0.0)
         m_p = m_g[:, None] & (o_p < PMAX)[None, :]
         b_s = tl.load(scores_ptr + i_s * stride_ss + hq[:, None] * stride_sh + o_p[None, :], mask=m_p,
                       other=float("-inf"))  # [GB, C]
-        top = tl.max(b_m, axis=1)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(b_l * tl.exp(b_m - top[:, None]), axis=1)
+        if SINGLE:
+            # one chunk holds every page: the heads' lse from the scores themselves (no first pass)
+            top = tl.max(b_s, axis=1)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            total = tl.sum(tl.exp(b_s - top[:, None]), axis=1)
+        else:
+            m_n = m_g[:, None] & (o_n < NPART)[None, :]
+            p_part = part_ptr + ((i_s * HQ + hq[:, None]) * NPART + o_n[None, :]) * 2  # [GB, NPP]
+            b_m = tl.load(p_part, mask=m_n, other=float("-inf"))
+            b_l = tl.load(p_part + 1, mask=m_n, other=0.0)
+            top = tl.max(b_m, axis=1)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            total = tl.sum(b_l * tl.exp(b_m - top[:, None]), axis=1)
         lse = top + tl.log(tl.where(total > 0.0, total, 1.0))  # [GB]
         b_pri += tl.sum(tl.where((total > 0.0)[:, None], tl.exp(b_s - lse[:, None]), 0.0), axis=0)
     b_pri = b_pri / G
@@ -111,11 +118,17 @@ def _chunk_topk_kernel(
     b_pri = tl.where(forced, 2.0, b_pri)
     keys = tl.where((page >= 0) & (page < num_pages) & (o_p < PMAX), b_pri.to(tl.int32, bitcast=True) + 1, 0)
     take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
-    base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
-    tl.store(cand_key_ptr + base + slot, keys, mask=take)
-    tl.store(cand_page_ptr + base + slot, page, mask=take)
     o_k = tl.arange(0, KP)
-    tl.store(cand_key_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
+    if SINGLE:
+        # the chunk's top K is the answer, in page order: straight to the output (no merge)
+        p_out = out_ptr + i_s * stride_os + i_h * stride_oh
+        tl.store(p_out + slot, page.to(tl.int64), mask=take)
+        tl.store(p_out + o_k, tl.full([KP], -1, tl.int64), mask=(o_k >= n_taken) & (o_k < K))
+    else:
+        base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
+        tl.store(cand_key_ptr + base + slot, keys, mask=take)
+        tl.store(cand_page_ptr + base + slot, page, mask=take)
+        tl.store(cand_key_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32), mask=o_k >= n_taken)
 
 
 @triton.jit
@@ -217,17 +230,19 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
     cand_page = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
     part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
-    _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
-        scores,
-        part,
-        scores.stride(0),
-        scores.stride(1),
-        num_q_heads,
-        pmax,
-        nchunk,
-        C=chunk,
-        num_warps=4,
-    )
+    single = nchunk == 1
+    if not single:
+        _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
+            scores,
+            part,
+            scores.stride(0),
+            scores.stride(1),
+            num_q_heads,
+            pmax,
+            nchunk,
+            C=chunk,
+            num_warps=4,
+        )
     _chunk_topk_kernel[(nchunk, num_kv_heads, seqs)](
         scores,
         seq_lens,
@@ -235,10 +250,13 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         cand_key,
         cand_page,
         cand_page if tiles is None else tiles,
+        out,
         scores.stride(0),
         scores.stride(1),
         0 if tiles is None else tiles.stride(0),
         0 if tiles is None else tiles.stride(1),
+        out.stride(0),
+        out.stride(1),
         num_q_heads,
         pmax,
         nchunk,
@@ -256,8 +274,11 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         ROUNDS=SEARCH_ROUNDS,
         LIST=tiles is not None,
         TP=TILE_PAGES,
+        SINGLE=single,
         num_warps=CHUNK_WARPS,
     )
+    if single:
+        return out
     if group:
         ngroup = triton.cdiv(nchunk, group)
         group_key = torch.empty(seqs, num_kv_heads, ngroup, kp, dtype=torch.int32, device=dev)

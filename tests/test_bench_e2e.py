@@ -43,10 +43,12 @@ def test_merge_probes_adds_the_ranks_summaries() -> None:
 
 def test_decode_pages_sums_the_decode_records() -> None:
     """Prefill-only steps (no decode row) are left out; the pages of the decode steps add up."""
-    records = [{"num_decodes": 0, "pages_read": 999, "pages_total": 999},
-               {"num_decodes": 2, "pages_read": 40, "pages_total": 400},
-               {"num_decodes": 1, "pages_read": 30, "pages_total": 200}]
-    assert e2e.decode_pages(records) == {"decode_steps": 2, "decode_rows": 3, "pages_read": 70, "pages_total": 600}
+    def record(decodes, read, total, summaries):
+        return {"num_decodes": decodes, "pages_read": read, "pages_total": total, "summaries_read": summaries,
+                "bytes_read": 10 * read + summaries, "bytes_dense": 10 * total}
+    records = [record(0, 999, 999, 999), record(2, 40, 400, 7), record(1, 30, 200, 5)]
+    assert e2e.decode_pages(records) == {"decode_steps": 2, "decode_rows": 3, "pages_read": 70, "pages_total": 600,
+                                         "summaries_read": 12, "bytes_read": 712, "bytes_dense": 6000}
     assert e2e.decode_pages(records[:1]) is None
     assert e2e.decode_pages([]) is None
 

@@ -61,14 +61,16 @@ def bench_prompt(seed: int, context: int, index: int, vocab: int) -> list[int]:
 def decode_pages(records: list[dict]) -> dict | None:
     """Pages read by the decode steps of LOCKS statistics records (``LocksEngine.generate``'s, the ring the app
     reads; on CUDA counted on the device inside the CUDA graphs): ``{"decode_steps", "decode_rows",
-    "pages_read", "pages_total"}`` summed over the steps (pages over layers, KV heads and rows, as each record
-    counts them), or None without a decode step (statistics off, or a dense engine)."""
+    "pages_read", "pages_total", "summaries_read", "bytes_read", "bytes_dense"}`` summed over the steps (pages and
+    page summaries over layers, KV heads and rows, as each record counts them; bytes of K+V and summaries), or None
+    without a decode step (statistics off, or a dense engine)."""
     decode = [r for r in records if r["num_decodes"]]
     if not decode:
         return None
     return {"decode_steps": len(decode), "decode_rows": sum(int(r["num_decodes"]) for r in decode),
             "pages_read": sum(int(r["pages_read"]) for r in decode),
-            "pages_total": sum(int(r["pages_total"]) for r in decode)}
+            "pages_total": sum(int(r["pages_total"]) for r in decode),
+            **{key: sum(int(r[key]) for r in decode) for key in ("summaries_read", "bytes_read", "bytes_dense")}}
 
 
 def parse_ints(text: str) -> list[int]:
