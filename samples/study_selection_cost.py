@@ -30,7 +30,7 @@ import torch
 from locks_bench import selection_report as report
 from locks_bench import selection_study as study
 from locks_bench.selection_policy import layer_adaptive
-from locks_bench.capture import decode_runs, load_or_capture
+from locks_bench.capture import capture_contexts, decode_runs, load_or_capture
 from locks_bench.results import RESULTS, command_text, header, run_folder, write_result
 from locks_bench.selection_cost import choose_anchors
 
@@ -55,17 +55,6 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plot-budget", type=float, default=0.02)
     return ap.parse_args(argv)
-
-
-def capture_contexts(tokens: int, captures: list[int], smallest: int = 8192) -> list[int]:
-    """Contexts whose decode runs a capture of ``tokens`` tokens holds: ``tokens``, ``tokens / 2``, ... down to
-    ``smallest``, less those a shorter capture holds (so a capture's positions, hence its cache file, do not
-    depend on the contexts asked for)."""
-    out, c = [], tokens
-    while c >= smallest and not any(c <= t < tokens for t in captures):
-        out.append(c)
-        c //= 2
-    return out
 
 
 def manifest(head: dict, rows: list[dict], overlaps: dict, spread: dict, proj: dict, args) -> str:

@@ -151,3 +151,14 @@ def capture(model_dir: str | Path, text: str | Path, tokens: int, positions: lis
     }
     return {"k": torch.stack(ks).half(), "v": torch.stack(vs).half(), "q": torch.stack(qs), "positions": pos,
             "meta": meta}
+
+
+def capture_contexts(tokens: int, captures: list[int], smallest: int = 8192) -> list[int]:
+    """Contexts whose decode runs a capture of ``tokens`` tokens holds: ``tokens``, ``tokens / 2``, ... down to
+    ``smallest``, less those a shorter capture holds (so a capture's positions, hence its cache file, do not
+    depend on the contexts asked for)."""
+    out, c = [], tokens
+    while c >= smallest and not any(c <= t < tokens for t in captures):
+        out.append(c)
+        c //= 2
+    return out
