@@ -26,13 +26,10 @@ import torch
 
 from locks_bench.capture import capture_contexts, decode_runs, load_or_capture
 from locks_bench.results import RESULTS, command_text, header, run_folder, write_result
+from locks_bench.selection_cost import paged_summaries, shipped_two_level_mask
 from locks_bench.selection_study import measured_steps
 from locks_engine.config import LocksConfig
 from locks_engine.fidelity import DecodeSteps
-from locks_engine.ops import build_cache_summaries
-from locks_engine.ops.superpages import (
-    allocate_superpages, completed_superpages, select_two_level, write_superpage_centroids,
-)
 
 #: c per layer for Qwen2.5-Coder-0.5B-Instruct: the selection study's per-layer choice at 8K and 2% (the cheapest
 #: superpage-centroid c within 0.005 of the flat scan's mass on the layer; 0 = flat), samples/results/
@@ -58,35 +55,6 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def paged(steps: DecodeSteps) -> tuple:
-    """``(store, superpages, block_table)`` of one KV head's keys as a paged cache of one page a block, every
-    complete page and superpage summarized (a step masks what is not complete at its length)."""
-    cfg = LocksConfig()
-    pages, n = steps.pages, steps.pages * steps.page_size
-    k_cache = steps.k_pages  # [P, B, 1, D]: block = page
-    table = torch.arange(pages, dtype=torch.int32).view(1, -1)
-    full = torch.tensor([n], dtype=torch.int32)
-    store = build_cache_summaries(k_cache, table, full, cfg)
-    superpages = allocate_superpages(pages, 1, k_cache.shape[-1], "cpu")
-    write_superpage_centroids(superpages, store, completed_superpages(full, full, table, steps.page_size,
-                                                                      steps.page_size))
-    return store, superpages, table
-
-
-def two_level_mask(steps: DecodeSteps, at: torch.Tensor, cfg: LocksConfig, candidates: int, cache: tuple) -> tuple:
-    """bool `[E, P]` pages ``select_two_level`` reads at the measured steps, and the page summaries it scanned."""
-    store, superpages, table = cache
-    mask = torch.zeros(len(at), steps.pages + 1, dtype=torch.bool)
-    scanned = []
-    for i, t in enumerate(at.tolist()):
-        seq = steps.seq_lens[t : t + 1].int()
-        selected, pages = select_two_level(steps.q[t : t + 1], store, superpages, table, seq, 1, cfg, candidates,
-                                           steps.page_size, steps.scale)
-        mask[i].scatter_(0, torch.where(selected[0, 0] < 0, steps.pages, selected[0, 0]), True)
-        scanned.append(int(((pages >= 0) & (pages < int(seq) // steps.page_size)).sum()))
-    return mask[:, : steps.pages], scanned
-
-
 def check_context(data: dict, context: int, positions: list[int], args, log) -> list[dict]:
     meta = data["meta"]["model_config"]
     layers, heads = meta["num_hidden_layers"], meta["num_key_value_heads"]
@@ -102,7 +70,7 @@ def check_context(data: dict, context: int, positions: list[int], args, log) -> 
             q = data["q"][layer, head * groups:(head + 1) * groups][:, take].transpose(0, 1)  # [T, G, D]
             steps = DecodeSteps(data["k"][layer, head, :context], q, torch.tensor(positions))
             at = measured_steps(steps.positions)
-            cache = paged(steps) if c else None
+            cache = paged_summaries(steps) if c else None
             flat_scores = steps.scores("locks", LocksConfig(budget=48))
             for frac in args.budgets:
                 cfg = LocksConfig(budget=steps.budget(frac))
@@ -114,7 +82,7 @@ def check_context(data: dict, context: int, positions: list[int], args, log) -> 
                 flat = ratio(steps.selected_mask(flat_scores, cfg)[at])
                 complete = (steps.seq_lens[at] // steps.page_size).tolist()
                 if c:
-                    mask, scanned = two_level_mask(steps, at, cfg, c, cache)
+                    mask, scanned = shipped_two_level_mask(steps, at, cfg, c, cache)
                     two = ratio(mask)
                 else:
                     two, scanned = flat, complete

@@ -165,3 +165,26 @@ def test_layer_adaptive_takes_the_cheapest_choice_within_the_flat_scans_mass_per
     policy = (("within 0.005", -0.005, (flat.name, cheap.name)),)
     picked = {r["layer"]: r["source"].name for r in layer_adaptive(recs, calib, policy)}
     assert picked == {0: cheap.name, 1: flat.name}
+
+
+def test_the_shipped_two_level_selection_is_the_studied_one_with_its_forced_superpages(run):
+    """``ops.superpages.select_two_level`` (what the backend runs) against the study's ``two_level_mask`` at the
+    same ``M``: the shipped one reads the study's pages plus what its forced superpages (the first, the one before
+    the last) add, so it keeps at least as much mass; with every superpage a candidate both are the flat scan."""
+    steps = decode_run(pages=160, steps=6, seed=5)
+    at = torch.arange(len(steps.seq_lens))
+    cfg = LocksConfig(budget=PAGE * 8)
+    cache = sc.paged_summaries(steps)
+    scores = steps.scores("locks", LocksConfig(budget=48))
+    coarse = sc.coarse_scores(steps, "centroid", 16)
+    for c in (1, 2):
+        shipped, scanned = sc.shipped_two_level_mask(steps, at, cfg, c, cache)
+        studied = sc.two_level_mask(steps, scores, coarse, 16, -(-c * 8 // 16), cfg)[0]
+        assert (shipped.sum(-1) == studied.sum(-1)).all()
+        kept, kept_studied = steps.mass_kept(shipped), steps.mass_kept(studied)
+        assert (kept.mean(-1) >= kept_studied.mean(-1) - 0.02).all()
+        assert all(0 < s < 160 for s in scanned)
+    wide, scanned = sc.shipped_two_level_mask(steps, at, cfg, 32, cache)
+    flat = steps.selected_mask(scores, cfg)
+    assert torch.allclose(steps.mass_kept(wide), steps.mass_kept(flat), atol=1e-4)
+    assert scanned == (steps.seq_lens // PAGE).tolist()

@@ -40,9 +40,12 @@ from torch import Tensor
 
 from locks_engine.config import LocksConfig
 from locks_engine.fidelity import DecodeSteps
-from locks_engine.ops import build_shared_basis_summaries, fit_shared_basis, summary_bytes
+from locks_engine.ops import build_cache_summaries, build_shared_basis_summaries, fit_shared_basis, summary_bytes
 from locks_engine.ops.quant import dequantize, quantize_symmetric
 from locks_engine.ops.select import forced_page_mask, group_mass_shares
+from locks_engine.ops.superpages import (
+    allocate_superpages, completed_superpages, select_two_level, write_superpage_centroids,
+)
 
 COARSE_KINDS = ("centroid", "minmax", "pagecent")
 
@@ -297,3 +300,34 @@ def score_traffic(n_scored: float, n_coarse: float, groups: int, interval: int =
     """Bytes of scores that unfused kernels write and read back per step, layer and KV head: one fp32 write and
     two reads per query head and scored unit, ``(a / k) * 12 G (n_scored + n_coarse)``."""
     return scoring_share / interval * 12 * groups * (n_scored + n_coarse)
+
+
+def paged_summaries(steps: DecodeSteps) -> tuple:
+    """``(store, superpages, block_table)`` of one KV head's keys as a paged cache of one page a block, every
+    complete page and superpage summarized (a step masks what is not complete at its length)."""
+    cfg = LocksConfig()
+    pages, n = steps.pages, steps.pages * steps.page_size
+    k_cache = steps.k_pages  # [P, B, 1, D]: block = page
+    table = torch.arange(pages, dtype=torch.int32).view(1, -1)
+    full = torch.tensor([n], dtype=torch.int32)
+    store = build_cache_summaries(k_cache, table, full, cfg)
+    superpages = allocate_superpages(pages, 1, k_cache.shape[-1], "cpu")
+    write_superpage_centroids(superpages, store, completed_superpages(full, full, table, steps.page_size,
+                                                                      steps.page_size))
+    return store, superpages, table
+
+
+def shipped_two_level_mask(steps: DecodeSteps, at: Tensor, cfg: LocksConfig, candidates: int, cache: tuple
+                           ) -> tuple[Tensor, list[int]]:
+    """bool `[E, P]` pages the shipped two-level selection (``locks_engine.ops.superpages.select_two_level``) reads
+    at steps ``at`` `[E]`, on ``paged_summaries``' cache, and the page summaries it scored at each."""
+    store, superpages, table = cache
+    mask = torch.zeros(len(at), steps.pages + 1, dtype=torch.bool)
+    scanned = []
+    for i, t in enumerate(at.tolist()):
+        seq = steps.seq_lens[t : t + 1].int()
+        selected, pages = select_two_level(steps.q[t : t + 1], store, superpages, table, seq, 1, cfg, candidates,
+                                           steps.page_size, steps.scale)
+        mask[i].scatter_(0, torch.where(selected[0, 0] < 0, steps.pages, selected[0, 0]), True)
+        scanned.append(int(((pages >= 0) & (pages < int(seq) // steps.page_size)).sum()))
+    return mask[:, : steps.pages], scanned
