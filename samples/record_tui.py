@@ -39,13 +39,16 @@ def main() -> None:
     parser.add_argument("--frames", type=Path, default=None, help="folder for the streaming captures")
     parser.add_argument("--frame-interval", type=float, default=0.1, help="seconds between streaming captures")
     parser.add_argument("--model", default=None, help="--model for locks-chat (default: the built-in model)")
+    parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds for the app to show Ready:")
     args = parser.parse_args()
     from tests.tmux_support import TmuxApp, screen_svg
 
 
     from locks_engine.models import resolve_model
 
+    began = time.monotonic()
     model = args.model or str(resolve_model(None))
+    print(f"model {model} resolved in {time.monotonic() - began:.0f} s; starting the app in tmux", flush=True)
     columns, rows = (int(n) for n in args.size.split("x"))
     command = [sys.executable, "-m", "locks_chat.cli", str(args.document.resolve()), "--model", model,
                "--budget", str(args.budget), "--max-tokens", str(args.max_tokens), "--new"]
@@ -56,8 +59,8 @@ def main() -> None:
                       size=(columns, rows))
         try:
             start = time.monotonic()
-            app.wait_for(lambda s: "Ready:" in s, timeout=600, what="the engine")
-            print(f"ready after {time.monotonic() - start:.0f} s; asking")
+            app.wait_for(lambda s: "Ready:" in s, timeout=args.start_timeout, what="the engine")
+            print(f"ready after {time.monotonic() - start:.0f} s; asking", flush=True)
             app.type_text(args.question)
             app.send("Enter")
             app.wait_for(lambda s: "Prefill" in s or "Answering" in s, timeout=60, what="the question to go in")
@@ -65,6 +68,11 @@ def main() -> None:
             app.wait_for(lambda s: "Ready:" in s and "tokens ·" in s, timeout=900, what="the answer")
             time.sleep(1.0)
             screen = app.capture(escapes=True)
+        except AssertionError as err:  # a wait timed out, or the app exited: keep its last screen
+            last = args.out.with_suffix(".last-screen.txt")
+            last.write_text(str(err), encoding="utf-8")
+            print(f"{str(err).splitlines()[0]} (the last screen: {last})", flush=True)
+            sys.exit(1)
         finally:
             app.close()
     title = f"locks-chat {args.document.name}" + (f" --pages {args.pages}" if args.pages else "")
