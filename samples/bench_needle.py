@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from locks_bench.candidates import parse_candidates
 from locks_bench.needle import build_trial, carrier, merge_results, summarize_runs
 from locks_bench.results import header as result_header
 from locks_bench.results import read_prose
@@ -35,7 +36,8 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
 
     pages = context // 16
     budget = max(3, round(pages * budget_frac)) * 16
-    cfg = LocksConfig(budget=budget, dense=mode == "dense")
+    two_level = {"selection": "two-level", "candidates": args.candidates} if mode == "locks-2l" else {}
+    cfg = LocksConfig(budget=budget, dense=mode == "dense", **two_level)
     start = time.perf_counter()
     engine = LocksEngine(EngineOptions(model=args.model, locks=cfg, max_model_len=context + args.max_tokens + 16,
                                        kv_cache_gib=args.kv_cache_gib))
@@ -53,6 +55,7 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
             shares, anys = carrier(records, trial["needle"], cfg.page_size)
             row = {"context": context, "mode": mode, "budget_frac": budget_frac, "budget_tokens": budget,
                    "summary_format": None if mode == "dense" else cfg.summary_format,
+                   **({"candidates": list(cfg.candidates)} if two_level else {}),
                    "depth": trial["depth"], "book": trial["book"], "value": trial["value"], "answer": text,
                    "correct": trial["value"] in text, "carrier_retention": sum(shares) / max(1, len(shares)),
                    "carrier_any": sum(anys) / max(1, len(anys)), "prompt_tokens": len(trial["ids"]),
@@ -76,6 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", type=float, nargs="*", default=[0.02, 0.05, 0.25])
     ap.add_argument("--max-tokens", type=int, default=10, help="the 7-digit value is 7 tokens after the answer prefix")
     ap.add_argument("--no-dense", action="store_true", help="skip the dense reference (measured in another run)")
+    ap.add_argument("--candidates", type=parse_candidates, default=None,
+                    help="the two-level selection (mode locks-2l) with these c: 'study' (the evaluation model's "
+                    "per-layer table) or comma-separated c; default: the flat scan (mode locks)")
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     ap.add_argument("--out-dir", default="samples/results")
     ap.add_argument("--summarize", action="store_true",
@@ -104,7 +110,8 @@ def main(argv=None) -> int:
             for j, depth in enumerate(sorted(args.depths, reverse=True)):
                 trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 100 * i + j, start=offset)
                 trials.append({**trial, "book": name})
-        for mode, budget in [("dense", 1.0)] * (not args.no_dense) + [("locks", b) for b in args.budgets]:
+        locks = "locks" if args.candidates is None else "locks-2l"
+        for mode, budget in [("dense", 1.0)] * (not args.no_dense) + [(locks, b) for b in args.budgets]:
             rows += run_mode(args, trials, context, mode, budget, log)
             # every trial so far, in case the run is stopped before the summary below
             partial = Path(args.out_dir) / "needle_partial.json"

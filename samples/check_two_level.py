@@ -6,7 +6,7 @@ The decode steps are the selection study's (``study_selection_cost.py``, the sam
 laid out as a paged cache (one page a block), summarized by ``ops.build_cache_summaries`` and
 ``ops.superpages.write_superpage_centroids``, and every measured step selects with
 ``ops.superpages.select_two_level`` at the layer's ``c`` (``--candidates``: one per layer, 0 = flat; the default is
-the study's table for this model, calibrated at 8K and 2%). Mass kept = the KV group's mean true softmax mass on the
+the study's table for this model, calibrated at 8K and 2%: ``locks_bench.selection_policy``). Mass kept = the KV group's mean true softmax mass on the
 pages read over the oracle's at the same budget, as ``bench_fidelity.py`` reports it. Writes ``two_level.json`` and
 ``MANIFEST.md`` into ``--out-dir/<date>_cpu_<commit>/``.
 
@@ -27,14 +27,11 @@ import torch
 from locks_bench.capture import capture_contexts, decode_runs, load_or_capture
 from locks_bench.results import RESULTS, command_text, header, run_folder, write_result
 from locks_bench.selection_cost import paged_summaries, shipped_two_level_mask
+from locks_bench.candidates import STUDY_CANDIDATES
 from locks_bench.selection_study import measured_steps
 from locks_engine.config import LocksConfig
 from locks_engine.fidelity import DecodeSteps
 
-#: c per layer for Qwen2.5-Coder-0.5B-Instruct: the selection study's per-layer choice at 8K and 2% (the cheapest
-#: superpage-centroid c within 0.005 of the flat scan's mass on the layer; 0 = flat), samples/results/
-#: 2026-12-04_cpu_dbb84a2/selection_cost.json, "centroid c or flat, flat-0.005"
-STUDY_TABLE = (8, 4, 4, 32, 4, 4, 4, 32, 4, 32, 32, 0, 4, 32, 4, 32, 0, 4, 4, 4, 16, 32, 16, 16)
 PLACEHOLDERS = {"--model": "MODEL_DIR", "--cache-dir": "CACHE_DIR", "--book": "../shared/data/books/{name}"}
 
 
@@ -48,7 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--captures", type=int, nargs="+", default=[16384, 32768],
                     help="capture lengths, as the study's (so that its cached captures serve)")
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05])
-    ap.add_argument("--candidates", type=int, nargs="+", default=list(STUDY_TABLE), help="c per layer (0 = flat)")
+    ap.add_argument("--candidates", type=int, nargs="+", default=list(STUDY_CANDIDATES), help="c per layer (0 = flat)")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)

@@ -303,3 +303,18 @@ def test_agreement_counts_samples_against_dense() -> None:
     result = _result({"dense": [1.0, 0.5, 0.0, 1.0], "locks:5%": [1.0, 1.0, 0.0, 0.5]})
     assert agreement([result], "locks:5%") == {"ruler_cwe@4096": {"same": 2, "better": 1, "worse": 1}}
     assert agreement([result], "locks:2048") == {}
+
+
+def test_two_level_settings_parse_and_build_their_config():
+    from locks_bench.candidates import STUDY_CANDIDATES
+
+    study = parse_setting("locks:5%:study")
+    assert study.name == "locks:5%:study" and study.candidates == STUDY_CANDIDATES
+    cfg = ruler.locks_settings(study, 32768)
+    assert cfg.selection == "two-level" and cfg.candidates == STUDY_CANDIDATES and cfg.budget == 102 * 16
+    uniform = parse_setting("locks:2048:c=4")
+    assert uniform.name == "locks:2048:c=4" and ruler.locks_settings(uniform, 8192).candidates == (4,)
+    assert ruler.locks_settings(parse_setting("locks:5%"), 8192).selection == "flat"
+    for bad in ("locks:5%:tree", "locks:5%:c=", "locks:5%:c=-1", "dense:study"):
+        with pytest.raises(RulerError, match="two-level"):
+            parse_setting(bad)

@@ -108,7 +108,7 @@ def summarize_runs(out_dir: Path, contexts: list[int], model: str) -> list[dict]
         cells.setdefault((t["context"], t["mode"], t["budget_frac"]), []).append(t)
     summary = []
     for (context, mode, frac), trials in sorted(cells.items()):
-        formats = {t.get("summary_format") or LocksConfig().summary_format for t in trials} if mode == "locks" else set()
+        formats = {t.get("summary_format") or LocksConfig().summary_format for t in trials} if mode != "dense" else set()
         if len(formats) > 1:
             raise ValueError(f"{context} {mode} {frac}: trials of several summary formats {sorted(formats)}")
         cell = {"model": model, "context": context, "mode": mode, "budget_frac": frac,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from locks_bench.candidates import parse_candidates
 from locks_engine.config import LocksConfig
 
 #: RULER tasks of lm-eval that build their data from a tokenizer alone (the others download essays or QA sets)
@@ -53,33 +54,52 @@ class Setting:
     """LOCKS' token budget per step and KV head, when given in tokens."""
     percent: float | None = None
     """LOCKS' budget as a percentage of the context (0 < percent <= 100), when given so."""
+    selection: str = ""
+    """``""``: the flat scan; ``"study"`` or ``"c=N,..."``: the two-level selection with that ``candidates``
+    (``locks_bench.selection_policy.parse_candidates``)."""
 
     @property
     def name(self) -> str:
-        """The setting as written on the command line: ``dense``, ``locks:2048``, ``locks:5%``."""
+        """The setting as written on the command line: ``dense``, ``locks:2048``, ``locks:5%``,
+        ``locks:5%:study``, ``locks:5%:c=4``."""
         if self.mode == "dense":
             return "dense"
-        return f"locks:{self.budget}" if self.budget is not None else f"locks:{self.percent:g}%"
+        name = f"locks:{self.budget}" if self.budget is not None else f"locks:{self.percent:g}%"
+        return f"{name}:{self.selection}" if self.selection else name
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        """``LocksConfig.candidates`` of a two-level setting (empty for the flat scan)."""
+        if not self.selection:
+            return ()
+        return parse_candidates(self.selection.removeprefix("c="))
 
 
 def parse_setting(text: str) -> Setting:
-    """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``.
+    """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``; a LOCKS setting may end in ``:study`` or
+    ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``).
 
     Raises:
         RulerError: anything else, naming the text and the allowed forms.
     """
     word = text.strip().lower()
-    allowed = "allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%)"
+    allowed = ("allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%), optionally followed by "
+               ":study or :c=N (two-level selection)")
     if word == "dense":
         return Setting("dense")
-    mode, _, value = word.partition(":")
+    mode, _, rest = word.partition(":")
+    value, _, selection = rest.partition(":")
     try:
+        if selection:
+            Setting("locks", budget=1, selection=selection).candidates  # noqa: B018 (checks the text)
+            if selection != "study" and not selection.startswith("c="):
+                raise ValueError(selection)
         if mode == "locks" and value.endswith("%"):
             percent = float(value[:-1])
             if math.isfinite(percent) and 0 < percent <= 100:
-                return Setting("locks", percent=percent)
+                return Setting("locks", percent=percent, selection=selection)
         elif mode == "locks" and value.isdecimal() and int(value) > 0:
-            return Setting("locks", budget=int(value))
+            return Setting("locks", budget=int(value), selection=selection)
     except ValueError:
         pass
     raise RulerError(f"setting {text!r}: {allowed}")
@@ -102,13 +122,14 @@ def budget_tokens(setting: Setting, context: int, page_size: int = LocksConfig.p
 
 
 def locks_settings(setting: Setting, context: int) -> LocksConfig:
-    """The ``LocksConfig`` of a LOCKS setting at ``context`` (defaults but the budget).
+    """The ``LocksConfig`` of a LOCKS setting at ``context`` (defaults but the budget, and the selection).
 
     Raises:
         RulerError: the budget is too small for the pages always read (the config's one-line reason).
     """
+    two_level = {"selection": "two-level", "candidates": setting.candidates} if setting.selection else {}
     try:
-        return LocksConfig(budget=budget_tokens(setting, context))
+        return LocksConfig(budget=budget_tokens(setting, context), **two_level)
     except ValueError as err:
         raise RulerError(f"setting {setting.name}: {err}") from None
 

@@ -1,0 +1,25 @@
+"""The two-level selection's ``candidates`` (``LocksConfig.candidates``) as the benchmarks take them."""
+
+from __future__ import annotations
+
+#: c per layer for Qwen2.5-Coder-0.5B-Instruct (the evaluation model): the policy "centroid c or flat, flat-0.005" at
+#: 8K and 2% (the cheapest superpage-centroid c within 0.005 of the flat scan's mass on each layer; 0 = flat),
+#: ``samples/results/2026-12-04_cpu_dbb84a2/selection_cost.json``; ``LocksConfig.candidates`` for that model
+STUDY_CANDIDATES = (8, 4, 4, 32, 4, 4, 4, 32, 4, 32, 32, 0, 4, 32, 4, 32, 0, 4, 4, 4, 16, 32, 16, 16)
+
+
+def parse_candidates(text: str) -> tuple[int, ...]:
+    """``--candidates`` of the benchmarks: ``study`` (:data:`STUDY_CANDIDATES`) or comma-separated integers >= 0.
+
+    Raises:
+        ValueError: anything else (one line).
+    """
+    if text.strip().lower() == "study":
+        return STUDY_CANDIDATES
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise ValueError(f"candidates {text!r}: allowed 'study' or comma-separated integers >= 0 (c per layer)")
+    return values
