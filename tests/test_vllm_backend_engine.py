@@ -28,6 +28,7 @@ STORY = (
     "Every evening he wrote down the sacks of wheat, the sacks of barley and the coins he had been paid. "
 )
 LONG = "Read this and answer. " + STORY * 24 + "How did the miller keep his accounts?"
+LONGER = "Read this and answer. " + STORY * 60 + "How did the miller keep his accounts?"  # ~2,900 tokens
 GEN_TOKENS = 16
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,6 +114,39 @@ def poisoned(model_dir):
         path = os.environ.get("PYTHONPATH")
         patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), path) if p))
         return generate(model_dir, extra, [LONG, SHORT])
+
+
+@pytest.fixture(scope="module")
+def two_level(model_dir, tmp_path_factory):
+    """As ``poisoned`` on a longer prompt, with the two-level selection (c = 1: 4 superpages scored per step and KV
+    head, of the prompt's 11) and its statistics."""
+    path = tmp_path_factory.mktemp("two_level") / "stats.bin"
+    cfg = LocksConfig(budget=64, selection="two-level", candidates=(1,))
+    extra = {"locks": cfg.to_dict(), "locks_stats_path": str(path),
+             "locks_hooks": ["tests.poison_hook:PoisonUnselected"]}
+    with pytest.MonkeyPatch.context() as patch:
+        pythonpath = os.environ.get("PYTHONPATH")
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p))
+        outputs = generate(model_dir, extra, [LONGER, SHORT])
+    return outputs, path
+
+
+def test_two_level_selection_scans_fewer_summaries_and_reads_only_its_pages(two_level):
+    outputs, path = two_level
+    ring = require_locks(path)
+    assert int(ring.header["layers_total"]) == 30
+    for output in outputs:  # NaN in every page no head selected: a page read outside the selection would show
+        assert len(output.outputs[0].token_ids) == GEN_TOKENS
+        for step in output.outputs[0].logprobs:
+            assert all(math.isfinite(lp.logprob) for lp in step.values())
+    decodes = [r for r in ring.latest(GEN_TOKENS + 4) if r["num_decodes"] == 2]
+    assert decodes, "no decode step with both sequences"
+    for record in decodes:
+        long_len, short_len = int(record["row_seq_len"][0]), int(record["row_seq_len"][1])
+        assert long_len > 16 * 16 * 10  # more than twice the 4 superpages scored
+        flat = 30 * 3 * (long_len // 16 + short_len // 16)  # the flat scan's summaries: every complete page
+        assert 0 < record["summaries_read"] < 0.6 * flat
+        assert record["row_pages_read"][0] <= 30 * 3 * 4
 
 
 def test_every_layer_runs_locks(covering):
