@@ -24,31 +24,20 @@ from pathlib import Path
 
 import torch
 
-from locks_bench.capture import capture_contexts, decode_runs, load_or_capture
-from locks_bench.results import RESULTS, command_text, header, run_folder, write_result
+from locks_bench.capture import CAPTURE_PLACEHOLDERS, add_capture_arguments, captured_runs
+from locks_bench.results import command_text, header, run_folder, write_result
 from locks_bench.selection_cost import paged_summaries, shipped_two_level_mask
 from locks_bench.candidates import STUDY_CANDIDATES
 from locks_bench.selection_study import measured_steps
 from locks_engine.config import LocksConfig
 from locks_engine.fidelity import DecodeSteps
 
-PLACEHOLDERS = {"--model": "MODEL_DIR", "--cache-dir": "CACHE_DIR", "--book": "../shared/data/books/{name}"}
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="evaluation model directory (fetch.sh's MODEL_DIR)")
-    ap.add_argument("--book", required=True)
-    ap.add_argument("--cache-dir", required=True, help="where captures are kept (outside the repository)")
-    ap.add_argument("--out-dir", default=str(RESULTS))
-    ap.add_argument("--contexts", type=int, nargs="+", default=[16384, 32768])
-    ap.add_argument("--captures", type=int, nargs="+", default=[16384, 32768],
-                    help="capture lengths, as the study's (so that its cached captures serve)")
-    ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05])
+    add_capture_arguments(ap, contexts=[16384, 32768], budgets=[0.01, 0.02, 0.05])
     ap.add_argument("--candidates", type=int, nargs="+", default=list(STUDY_CANDIDATES), help="c per layer (0 = flat)")
-    ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args(argv)
 
 
@@ -142,17 +131,10 @@ def main(argv=None) -> int:
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    head = header("check_two_level.py", argv, PLACEHOLDERS)
+    head = header("check_two_level.py", argv, CAPTURE_PLACEHOLDERS)
     rows = []
-    for tokens in sorted(args.captures):
-        held = capture_contexts(tokens, args.captures)
-        served = [c for c in args.contexts if c in held]
-        if not served:
-            continue
-        runs = {c: sorted(p for run in decode_runs(c, args.steps, args.runs) for p in run) for c in held}
-        data = load_or_capture(args.cache_dir, args.model, args.book, tokens, sorted(sum(runs.values(), [])), log)
-        for context in served:
-            rows += check_context(data, context, runs[context], args, log)
+    for context, data, positions in captured_runs(args, log):
+        rows += check_context(data, context, positions, args, log)
     summary = summarize(rows)
     head["runtime_s"], head["torch_threads"] = round(time.perf_counter() - start), torch.get_num_threads()
     folder = Path(args.out_dir) / run_folder(head)

@@ -30,29 +30,19 @@ import torch
 from locks_bench import selection_report as report
 from locks_bench import selection_study as study
 from locks_bench.selection_policy import layer_adaptive
-from locks_bench.capture import capture_contexts, decode_runs, load_or_capture
-from locks_bench.results import RESULTS, command_text, header, run_folder, write_result
+from locks_bench.capture import CAPTURE_PLACEHOLDERS, add_capture_arguments, captured_runs
+from locks_bench.results import command_text, header, run_folder, write_result
 from locks_bench.selection_cost import choose_anchors
 
 #: long-context shapes the bytes are projected to (budget 2048, D = 128; issue 27's targets)
 SHAPES = {"128K": 131072, "256K": 262144, "1M": 1048576}
-PLACEHOLDERS = {"--model": "MODEL_DIR", "--cache-dir": "CACHE_DIR", "--book": "../shared/data/books/{name}"}
+PLACEHOLDERS = CAPTURE_PLACEHOLDERS
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="evaluation model directory (fetch.sh's MODEL_DIR)")
-    ap.add_argument("--book", required=True)
-    ap.add_argument("--cache-dir", required=True, help="where captures are kept (outside the repository)")
-    ap.add_argument("--out-dir", default=str(RESULTS))
-    ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384])
-    ap.add_argument("--captures", type=int, nargs="+", default=[16384, 32768],
-                    help="capture lengths; each context is read from the shortest capture that holds it")
-    ap.add_argument("--budgets", type=float, nargs="+", default=[0.01, 0.02, 0.05])
-    ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=32, help="consecutive decode steps a run")
+    add_capture_arguments(ap, contexts=[8192, 16384], budgets=[0.01, 0.02, 0.05])
     ap.add_argument("--layers", type=int, nargs="*", help="default: every layer")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plot-budget", type=float, default=0.02)
     return ap.parse_args(argv)
 
@@ -108,32 +98,24 @@ def main(argv=None) -> int:
     head = header("study_selection_cost.py", argv, PLACEHOLDERS)
     folder = Path(args.out_dir) / run_folder(head)
     rows, overlaps, spread, calib = [], {}, {}, None
-    for tokens in sorted(args.captures):
-        held = capture_contexts(tokens, args.captures)
-        served = [c for c in args.contexts if c in held]
-        if not served:
-            continue
-        runs = {c: sorted(p for run in decode_runs(c, args.steps, args.runs) for p in run) for c in held}
-        data = load_or_capture(args.cache_dir, args.model, args.book, tokens, sorted(sum(runs.values(), [])), log)
-        for context in served:
-            recs, ctx = study.study_context(data, context, runs[context], args, log)
-            study.layer_reuse(recs, ctx, calib or {"overlap": ctx["overlap"]}, args)
-            context_rows = study.summarize(recs, ctx, context)
-            calib = calib or {"overlap": ctx["overlap"], "rows": context_rows}
-            rows += context_rows + study.summarize(layer_adaptive(recs, calib["rows"]), ctx, context)
-            overlaps[context] = {str(f): report.overlap_summary(
-                ov, {n: choose_anchors(calib["overlap"][f][0], min(n, len(ov))) for n in (12, 8, 6, 4)})
-                for f, (ov, _) in ctx["overlap"].items()}
-            spread[context] = {str(f): v for f, v in ctx["spread"].items()}
-            del recs, ctx
-            head["runtime_s"], head["torch_threads"] = round(time.perf_counter() - start), torch.get_num_threads()
-            kept = {k: v for k, v in vars(args).items() if k not in ("model", "cache_dir", "out_dir")}
-            out = {**head, "settings": kept,
-                   "rows": rows, "layer_overlap": overlaps, "oracle_superpage_spread": spread}
-            out["settings"]["book"] = Path(args.book).name
-            write_result(folder / "selection_cost.json", out)
-            log(f"{context}: written {folder / 'selection_cost.json'}")
-        del data
+    for context, data, positions in captured_runs(args, log):
+        recs, ctx = study.study_context(data, context, positions, args, log)
+        study.layer_reuse(recs, ctx, calib or {"overlap": ctx["overlap"]}, args)
+        context_rows = study.summarize(recs, ctx, context)
+        calib = calib or {"overlap": ctx["overlap"], "rows": context_rows}
+        rows += context_rows + study.summarize(layer_adaptive(recs, calib["rows"]), ctx, context)
+        overlaps[context] = {str(f): report.overlap_summary(
+            ov, {n: choose_anchors(calib["overlap"][f][0], min(n, len(ov))) for n in (12, 8, 6, 4)})
+            for f, (ov, _) in ctx["overlap"].items()}
+        spread[context] = {str(f): v for f, v in ctx["spread"].items()}
+        del recs, ctx
+        head["runtime_s"], head["torch_threads"] = round(time.perf_counter() - start), torch.get_num_threads()
+        kept = {k: v for k, v in vars(args).items() if k not in ("model", "cache_dir", "out_dir")}
+        out = {**head, "settings": kept,
+               "rows": rows, "layer_overlap": overlaps, "oracle_superpage_spread": spread}
+        out["settings"]["book"] = Path(args.book).name
+        write_result(folder / "selection_cost.json", out)
+        log(f"{context}: written {folder / 'selection_cost.json'}")
     plot_ctx = max(c for c in args.contexts if any(r["context"] == c for r in rows))
     proj = report.projections(rows, plot_ctx, args.plot_budget, SHAPES)
     write_result(folder / "selection_cost.json", {**out, "projected_bytes_pct": proj})

@@ -212,8 +212,14 @@ def test_sparse_reads_fewer_pages_and_only_those(tmp_path, platform: str) -> Non
     assert record["pages_read"] < record["pages_total"]
     assert record["bytes_read"] < record["bytes_dense"]
     assert list(record["row_pages_read"][:4]) == [H * 6, H * 6, H * 6, H * 2]  # 17 tokens: 2 pages
+    assert_unread_pages_change_nothing(run, record, per_bin, first)
+
+
+def assert_unread_pages_change_nothing(run: Run, record: dict, per_bin: int, first: torch.Tensor) -> None:
+    """Fill every page that no KV head read in ``record``'s step (its histogram bin is empty) with NaN, run the
+    step again: the output must stay finite and equal ``first``."""
     k_cache, v_cache = compat.split_kv_cache(run.kv_cache, D, compat.kv_layout_name())
-    for row, n in enumerate(batch.seq_lens):
+    for row, n in enumerate(run.batch.seq_lens):
         for page in range(-(-n // 16)):
             if record["row_hist"][row, page // per_bin] == 0:
                 block = run.block_table[row, page * 16 // BLOCK_SIZE]

@@ -12,10 +12,9 @@ pytest.importorskip("vllm", reason="vllm is not installed (see the README's inst
 
 from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.stats import StatsRing  # noqa: E402
-from locks_engine.vllm_backend import compat  # noqa: E402
 import tests.test_vllm_backend_scenarios as scenarios  # noqa: E402
 from tests.test_vllm_backend_scenarios import (  # noqa: E402,F401
-    BLOCK_SIZE, D, H, Batch, Run, assert_close, device_of, platform,
+    BLOCK_SIZE, H, Batch, Run, assert_close, assert_unread_pages_change_nothing, device_of, platform,
 )
 
 #: decode rows across superpage boundaries: 2048 and 512 tokens (their decode tokens complete superpages 7 and 1)
@@ -50,18 +49,7 @@ def test_two_level_scans_fewer_summaries_and_reads_only_the_selected_pages(tmp_p
     assert record["bytes_read"] < flat_rec["bytes_read"]
     # NaN in every page no KV head read changes nothing
     per_bin = int(StatsRing(tmp_path / "two.bin").header["pages_per_bin"])
-    k_cache, v_cache = compat.split_kv_cache(run.kv_cache, D, compat.kv_layout_name())
-    for row, n in enumerate(LONG.seq_lens):
-        for page in range(-(-n // 16)):
-            if record["row_hist"][row, page // per_bin] == 0:
-                block = run.block_table[row, page * 16 // BLOCK_SIZE]
-                tokens = slice(page * 16 % BLOCK_SIZE, page * 16 % BLOCK_SIZE + 16)
-                k_cache[block, tokens] = float("nan")
-                v_cache[block, tokens] = float("nan")
-    assert torch.isnan(run.kv_cache).any()
-    again = run.scenario_step()
-    assert torch.isfinite(again).all()
-    assert torch.equal(first, again)
+    assert_unread_pages_change_nothing(run, record, per_bin, first)
 
 
 def test_superpages_are_built_by_prefill_and_by_the_decode_that_completes_one(tmp_path, platform: str) -> None:

@@ -162,3 +162,39 @@ def capture_contexts(tokens: int, captures: list[int], smallest: int = 8192) -> 
         out.append(c)
         c //= 2
     return out
+
+
+#: how the capture scripts write their machine-specific arguments into a result's command
+CAPTURE_PLACEHOLDERS = {"--model": "MODEL_DIR", "--cache-dir": "CACHE_DIR", "--book": "../shared/data/books/{name}"}
+
+
+def add_capture_arguments(ap, contexts: list[int], budgets: list[float]) -> None:
+    """The arguments of the scripts that read the decode runs of cached captures (``captured_runs``)."""
+    from locks_bench.results import RESULTS
+
+    ap.add_argument("--model", required=True, help="evaluation model directory (fetch.sh's MODEL_DIR)")
+    ap.add_argument("--book", required=True)
+    ap.add_argument("--cache-dir", required=True, help="where captures are kept (outside the repository)")
+    ap.add_argument("--out-dir", default=str(RESULTS))
+    ap.add_argument("--contexts", type=int, nargs="+", default=contexts)
+    ap.add_argument("--captures", type=int, nargs="+", default=[16384, 32768],
+                    help="capture lengths; each context is read from the shortest capture that holds it")
+    ap.add_argument("--budgets", type=float, nargs="+", default=budgets)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=32, help="consecutive decode steps a run")
+    ap.add_argument("--threads", type=int, default=1)
+
+
+def captured_runs(args, log):
+    """Yield ``(context, data, positions)`` for every ``args.contexts``: the capture that holds it (loaded from
+    ``args.cache_dir`` or captured, ``load_or_capture``) and the positions of its ``args.runs`` decode runs of
+    ``args.steps`` steps (``decode_runs``), sorted."""
+    for tokens in sorted(args.captures):
+        held = capture_contexts(tokens, args.captures)
+        served = [c for c in args.contexts if c in held]
+        if not served:
+            continue
+        runs = {c: sorted(p for run in decode_runs(c, args.steps, args.runs) for p in run) for c in held}
+        data = load_or_capture(args.cache_dir, args.model, args.book, tokens, sorted(sum(runs.values(), [])), log)
+        for context in served:
+            yield context, data, runs[context]
