@@ -19,6 +19,9 @@ def test_bad_arguments_are_refused_in_one_line(capsys, argv, message):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_defaults_run_every_mode():
+def test_defaults_run_the_flat_modes_and_two_level_is_asked_for():
     args = cpu.parse("", ["--book", "book.txt"])
-    assert args.modes.split(",") == list(cpu.MODES) and (args.n1, args.n2, args.context) == (16, 80, 7000)
+    assert args.modes.split(",") == ["cpu_attn", "locks", "locks_dense"]
+    assert (args.n1, args.n2, args.context) == (16, 80, 7000)
+    two = cpu.parse("", ["--book", "book.txt", "--modes", "locks,locks_2l", "--candidates", "4,8"])
+    assert two.modes == "locks,locks_2l" and two.candidates == "4,8"

@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 #: vLLM's own CPU attention, LOCKS at the budget, LOCKS reading every page
-MODES = ("cpu_attn", "locks", "locks_dense")
+MODES = ("cpu_attn", "locks", "locks_dense", "locks_2l")
+#: the modes run unless ``--modes`` says otherwise
+DEFAULT_MODES = ("cpu_attn", "locks", "locks_dense")
 
 
 def parse(description: str = "", argv: list[str] | None = None) -> argparse.Namespace:
@@ -22,12 +24,13 @@ def parse(description: str = "", argv: list[str] | None = None) -> argparse.Name
     p.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
+    p.add_argument("--candidates", default="4", help="locks_2l: c of the two-level selection, one or one per layer")
     p.add_argument("--dtype", default="auto",
                    help="vLLM dtype: auto (the app's choice: locks_engine.engine.cpu_dtype), bfloat16, float32")
     p.add_argument("--n1", type=int, default=16)
     p.add_argument("--n2", type=int, default=80)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
