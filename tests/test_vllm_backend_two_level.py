@@ -79,3 +79,15 @@ def test_a_per_layer_table_needs_an_entry_for_the_layer(tmp_path) -> None:
     assert other.candidates(cfg, "model.layers.0.self_attn.attn") == 0
     with pytest.raises(ValueError, match="none for layer 7"):
         Run(LONG, cfg, torch.float32).impl.candidates(cfg, "model.layers.7.self_attn.attn")
+
+
+def test_a_per_layer_table_must_fit_the_model() -> None:
+    from locks_engine.vllm_backend.metadata import check_candidates
+
+    table = LocksConfig(selection="two-level", candidates=(4, 0, 8))
+    check_candidates(table, 3)
+    check_candidates(table, 0)  # no model loaded: nothing to check
+    check_candidates(LocksConfig(selection="two-level", candidates=(4,)), 30)
+    check_candidates(LocksConfig(candidates=(4, 0)), 30)  # flat: the table is not used
+    with pytest.raises(ValueError, match="3 entries for a model of 30 attention layers"):
+        check_candidates(table, 30)

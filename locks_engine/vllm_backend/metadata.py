@@ -110,6 +110,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             compat.check_cpu_layout(kv_cache_spec.head_size, kv_cache_spec.dtype, kv_cache_spec.num_kv_heads,
                                     self.block_size, allow_amx=not hooks.needs_cache_views(hook_classes))
         total, locks = check_layers(vllm_config)
+        check_candidates(self.cfg, total)
         self.last_layer_name = layer_names[-1] if layer_names else ""
         self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks,
                                       layer_names)
@@ -220,6 +221,18 @@ def host_seq_lens(cam: CommonAttentionMetadata, rows: int) -> Tensor:
     (``seq_lens_cpu_upper_bound``: exact but for async speculative decoding, which LOCKS does not run)."""
     bound = getattr(cam, "seq_lens_cpu_upper_bound", None)
     return bound[:rows].clone() if bound is not None else cam.seq_lens[:rows].cpu()
+
+
+def check_candidates(cfg: LocksConfig, layers: int) -> None:
+    """Check at startup that a per-layer ``candidates`` table fits the model (``layers`` decoder attention layers;
+    0 when no model is loaded, which checks nothing).
+
+    Raises:
+        ValueError: a table of more than one entry whose length is not the model's layer count (one line).
+    """
+    if cfg.selection == "two-level" and layers and len(cfg.candidates) not in (1, layers):
+        raise ValueError(f"LocksConfig.candidates has {len(cfg.candidates)} entries for a model of {layers} "
+                         "attention layers: give one value for every layer, or one per layer")
 
 
 def check_layers(vllm_config) -> tuple[int, int]:
