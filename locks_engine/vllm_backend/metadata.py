@@ -101,7 +101,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
                 f"{self.block_size}: pick a page size that divides it, or set block_size"
             )
         self.ppb = self.block_size // self.cfg.page_size
-        self._no_superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long, device=device)
+        self._no_superpages: Tensor | None = None  # allocated by the first build (the device is checked first)
         self.on_cuda = torch.device(device).type == "cuda"
         if self.on_cuda:
             check_summary_format(self.cfg)
@@ -161,6 +161,8 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             block_table = cam.block_table_tensor[:rows, :width]
             paged = slice(0, rows)
         ids, slots = self._new_pages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged], block_table[paged])
+        if self._no_superpages is None:
+            self._no_superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long, device=self.device)
         superpages = self._no_superpages  # decode-only steps on CUDA: built on the device (``cuda.py``)
         if self.cfg.selection == "two-level" and not self.cfg.dense and ids.numel():
             superpages = completed_superpages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged],
