@@ -202,6 +202,30 @@ def test_a_swallowed_time_limit_is_raised_again():
     assert call_with_time_limit(lambda: spin(0.3), 1.0) == "done"  # the next call is not hit by a stray alarm
 
 
+def test_the_time_limit_never_lands_inside_a_finalizer(monkeypatch):
+    """A raise inside ``__del__`` would be swallowed and reported as an unraisable exception: the alarm waits
+    until the finalizer returns, then stops the call; cyclic garbage collection is back on afterwards."""
+    import gc
+    import sys
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    class Slow:
+        def __del__(self):
+            spin(0.4)  # past the limit, inside a finalizer
+
+    def call():
+        Slow()  # dropped at once: its __del__ runs here
+        return spin(3.0)
+
+    start = time.monotonic()
+    with pytest.raises(TimeLimitExceeded):
+        call_with_time_limit(call, 0.1)
+    assert unraisable == [] and 0.35 < time.monotonic() - start < 1.5
+    assert gc.isenabled()
+
+
 def test_rich_progress_draws_only_on_a_terminal_and_for_long_documents():
     from rich.console import Console
 

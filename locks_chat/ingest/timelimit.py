@@ -3,8 +3,9 @@
 In the main thread of a POSIX process the call runs in place under ``SIGALRM``
 (``signal.setitimer``): the handler raises :class:`TimeLimitExceeded` inside the call,
 which unwinds cleanly; past the limit the alarm repeats every :data:`REPEAT_S` seconds, so a
-raise that something swallowed (a broad ``except`` in the PDF library, a finalizer the garbage
-collector ran at that moment) is raised again. Elsewhere (a Textual worker thread, Windows, or when another
+raise that something swallowed (a broad ``except`` in the PDF library) is raised again; cyclic garbage collection
+is off during the call and no alarm raises inside a ``__del__``, where a raise would be swallowed and reported as an
+unraisable exception. Elsewhere (a Textual worker thread, Windows, or when another
 ``ITIMER_REAL`` timer is already running) the call runs in a daemon thread that is
 abandoned when the limit passes: it may go on computing in the background, so the
 caller must not share mutable state with it afterwards (the PDF reader opens a fresh
@@ -14,6 +15,7 @@ long C call (a huge zlib stream) overruns the limit by its own length.
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 from collections.abc import Callable
@@ -54,10 +56,16 @@ def _call_with_alarm(fn: Callable[[], T], seconds: float) -> T:
     state = {"finished": False, "stopping": False}
 
     def on_alarm(signum, frame):
+        # not inside a finalizer: a raise there is swallowed and reported as unraisable; the next alarm comes
+        if _in_finalizer(frame):
+            return
         if not (state["finished"] or state["stopping"]):
             raise TimeLimitExceeded(f"over {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
+    # no cyclic garbage collection during the call: the finalizers it runs are where a raise would be swallowed
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         # the alarm repeats: a raise that lands where it is swallowed (a library's broad ``except``, a weakref
         # callback or ``__del__`` run by the garbage collector) is followed by another
@@ -74,6 +82,17 @@ def _call_with_alarm(fn: Callable[[], T], seconds: float) -> T:
                 break
             except TimeLimitExceeded:
                 continue
+        if collecting:
+            gc.enable()
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a ``__del__`` (anywhere up its stack)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _call_in_thread(fn: Callable[[], T], seconds: float) -> T:
