@@ -54,6 +54,12 @@ DENSE = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLAS
 BASELINE = (("glm-4-9b 1M", "glm-4-9b", 1 << 20), ("llama-3.1-8b 128K", "llama-3.1-8b", 1 << 17))
 
 
+def budget_args(cfg: LocksConfig) -> dict:
+    """The budget arguments of ``locks_kernels.select_pages`` / ``decode_step`` for ``cfg``."""
+    return dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
+                recent_pages=cfg.recent_pages)
+
+
 def bench_row(s: Setup, ctx: int, timer: Timer, bw: float) -> dict:
     cfg, b, h, hq, d = s.cfg, s.batch, s.heads, s.q_heads, s.dim
     table, lens = s.views(ctx)
@@ -72,8 +78,7 @@ def bench_row(s: Setup, ctx: int, timer: Timer, bw: float) -> dict:
     every = torch.arange(pages, device="cuda").expand(b, h, pages).contiguous()
     row["dense"]["triton-paged"] = timer(lambda: lk.sparse_paged_attention(s.q, s.k, s.v, table, lens, every, 16))
     # LOCKS stages
-    budget = dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
-                  recent_pages=cfg.recent_pages)
+    budget = budget_args(cfg)
     scores = lk.score_pages(s.q, summ_t, table, lens, cfg.page_size, BLOCK)
     selected = lk.select_pages(scores, lens, h, **budget)
     row["locks"]["score"] = timer(lambda: lk.score_pages(s.q, summ_t, table, lens, cfg.page_size, BLOCK, out=scores))
@@ -144,8 +149,7 @@ def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
     for name in [n for n in os.environ if n.startswith("LOCKS_")]:
         del os.environ[name]
     old = importlib.import_module(module)
-    budget = dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
-                  recent_pages=cfg.recent_pages)
+    budget = budget_args(cfg)
     rows = []
     for label, shape, ctx in BASELINE:
         h, hq, d = SHAPES[shape]
@@ -180,8 +184,7 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int]) -> list[dic
     step and layer: flat ``P s + K p``; two-level ``P / 16 * 2 D + 16 M s + K p`` (``M`` superpages scored)."""
     from locks_engine.ops.superpages import allocate_superpages, completed_superpages, write_superpage_centroids
 
-    budget = dict(budget_pages=cfg.budget_pages, page_size=cfg.page_size, sink_pages=cfg.sink_pages,
-                  recent_pages=cfg.recent_pages)
+    budget = budget_args(cfg)
     rows = []
     for label, shape, ctx in TWO_LEVEL:
         h, hq, d = SHAPES[shape]

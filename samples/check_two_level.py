@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from locks_bench.capture import CAPTURE_PLACEHOLDERS, add_capture_arguments, captured_runs
-from locks_bench.results import command_text, header, run_folder, write_result
+from locks_bench.results import command_text, header, log, run_folder, write_result
 from locks_bench.selection_cost import paged_summaries, shipped_two_level_mask
 from locks_bench.candidates import STUDY_CANDIDATES
 from locks_bench.selection_study import measured_steps
@@ -127,10 +127,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-
-    def log(message: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
     head = header("check_two_level.py", argv, CAPTURE_PLACEHOLDERS)
     rows = []
     for context, data, positions in captured_runs(args, log):

@@ -31,7 +31,7 @@ from locks_bench import selection_report as report
 from locks_bench import selection_study as study
 from locks_bench.selection_policy import layer_adaptive
 from locks_bench.capture import CAPTURE_PLACEHOLDERS, add_capture_arguments, captured_runs
-from locks_bench.results import command_text, header, run_folder, write_result
+from locks_bench.results import command_text, header, log, run_folder, write_result
 from locks_bench.selection_cost import choose_anchors
 
 #: long-context shapes the bytes are projected to (budget 2048, D = 128; issue 27's targets)
@@ -91,10 +91,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-
-    def log(message: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
     head = header("study_selection_cost.py", argv, PLACEHOLDERS)
     folder = Path(args.out_dir) / run_folder(head)
     rows, overlaps, spread, calib = [], {}, {}, None

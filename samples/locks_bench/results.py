@@ -135,3 +135,10 @@ def first_tokens(tokenizer, text: str, n: int) -> list[int]:
     if len(ids) < n:
         raise SystemExit(f"text has only {len(ids)} tokens, need {n}")
     return ids[:n]
+
+
+def log(message: str) -> None:
+    """One progress line on stdout, with the time of day (``[HH:MM:SS] message``), flushed."""
+    import time
+
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
