@@ -77,8 +77,14 @@ def test_real_app_answers_and_the_pages_panel_changes_between_tokens(terminal, u
     screen = terminal.wait_for(lambda s: "Ready:" in s and "tokens ·" in s, timeout=60, what="the answer")
     live = sorted(moments)
     assert live, "the pages panel showed no token while the answer streamed"
+    # the panel settles on the answer's last token (a capture right after the footer may still hold an earlier one)
+    total = int(re.search(r"(\d+) tokens ·", Text.from_ansi(screen).plain).group(1))
+    settle = time.monotonic() + 20
+    while pages_panel(terminal.capture(escapes=True))[0] != total and time.monotonic() < settle:
+        time.sleep(0.1)
     # a loaded machine may repaint once or twice in a short answer: the panel keeps every token to step back to
     shown, strip = pages_panel(terminal.capture(escapes=True))
+    assert shown == total, f"the pages panel shows token {shown} of an answer of {total}"
     newest = shown
     moments.setdefault(shown, strip)
     stepped = []
