@@ -42,6 +42,18 @@ def quiet_vllm_logging() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
+def spawn_engine_processes() -> None:
+    """Start vLLM's engine processes with ``spawn`` (unless the user set ``VLLM_WORKER_MULTIPROC_METHOD``).
+
+    On CUDA vLLM forks them by default (``vllm/utils/system_utils.py``, ``_maybe_force_spawn``, spawns only when
+    CUDA is initialized; vLLM's CPU platform always spawns). The chat app starts the engine from a worker thread
+    while Textual's threads run, and a forked child of a threaded process keeps only the forking thread, with
+    every lock the others held and ``sys.stderr`` pointing at Textual's print capture: the engine core died
+    there without a line in the engine log ("Engine core initialization failed", H200, vLLM 0.26, 2026-12-04).
+    A spawned child starts clean and writes to fd 2, the engine log."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
 def engine_log_path() -> Path:
     """Where vLLM's engine processes write their logs and tracebacks (``logs/engine.log`` in the user data
     directory), off the terminal."""
@@ -73,6 +85,7 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
     from locks_chat.settings import model_cache_dir
 
     quiet_vllm_logging()
+    spawn_engine_processes()
     try:
         from locks_engine.engine import EngineOptions, EngineStartError
         from locks_engine.models import CacheDirError, ModelError, ModelPathError

@@ -316,8 +316,11 @@ def main() -> int:
                 (out / f"result-{name}.json").unlink(missing_ok=True)
                 log.write(f"\n===== {name} =====\n")
                 log.flush()
+                limit = min(args.time_limit, left - 120)  # 120 s for the cell in flight, the profile, the exit
                 cmd = [sys.executable, __file__, "--child", "--backend", backend, "--layers", depth,
-                       *child_args(args), "--time-limit", str(min(args.time_limit, left - 120))]
+                       *child_args(args), "--time-limit", str(limit)]
+                print(f"{name}: cells start within {limit:.0f} s of the engine's process start (engine start "
+                      f"included), killed after {left:.0f} s", flush=True)
                 t0 = time.perf_counter()
                 env = dict(os.environ)
                 if backend == "flash":
@@ -346,14 +349,16 @@ def machine_tag(torch) -> str | None:
 
 
 def check(results: list[dict]) -> list[str]:
-    """LOCKS read fewer pages than there are where the budget is below the context (with its statistics on); no
-    eager decode calls after graph capture (unless ``--eager``)."""
+    """Every cell measured (a cell skipped by ``--time-limit`` fails the run: its row is missing); LOCKS read
+    fewer pages than there are where the budget is below the context (with its statistics on); no eager decode
+    calls after graph capture (unless ``--eager``)."""
     failures = []
     for r in results:
         for c in r["cells"]:
-            if "skipped" in c:
-                continue
             where = f"{r['shape']} L{r['layers']} {r['backend']} ctx {c['context']} batch {c['batch']}"
+            if "skipped" in c:
+                failures.append(f"{where}: skipped by {c['skipped']} (engine start {r['engine_start_s']} s)")
+                continue
             if r["backend"].startswith("locks") and r.get("statistics", True) and c["context"] > (r["budget"] or 0):
                 frac = c.get("pages_read_frac")
                 if frac is None or not 0 < frac < 1:

@@ -59,7 +59,10 @@ def main() -> None:
                       size=(columns, rows))
         try:
             start = time.monotonic()
-            app.wait_for(lambda s: "Ready:" in s, timeout=args.start_timeout, what="the engine")
+            screen = app.wait_for(lambda s: "Ready:" in s or "Not ready:" in s, timeout=args.start_timeout,
+                                  what="the engine")
+            if "Not ready:" in screen:
+                raise AssertionError(f"the app did not get ready\n{screen}")
             print(f"ready after {time.monotonic() - start:.0f} s; asking", flush=True)
             app.type_text(args.question)
             app.send("Enter")
@@ -72,6 +75,7 @@ def main() -> None:
             last = args.out.with_suffix(".last-screen.txt")
             last.write_text(str(err), encoding="utf-8")
             print(f"{str(err).splitlines()[0]} (the last screen: {last})", flush=True)
+            keep_engine_log(Path(home), args.out.with_suffix(".engine-log.txt"))
             sys.exit(1)
         finally:
             app.close()
@@ -80,6 +84,18 @@ def main() -> None:
     print(f"saved {args.out}")
     if args.frames:
         sys.exit(save_frames(frames, args.frames, title, columns))
+
+
+def keep_engine_log(home: Path, out: Path, lines: int = 200) -> None:
+    """Copy the last ``lines`` of the app's engine log (vLLM's processes write there, under the app's home
+    directory, which is deleted when the recording ends) to ``out``, and print where."""
+    logs = sorted(home.rglob("engine.log"))
+    if not logs:
+        print("no engine log was written", flush=True)
+        return
+    text = logs[0].read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    out.write_text("\n".join(text) + "\n", encoding="utf-8")
+    print(f"the engine log's last {len(text)} lines: {out}", flush=True)
 
 
 #: the Pages-read panel's headline: the token its rows end at (``token 12 of 40:`` once one is selected)

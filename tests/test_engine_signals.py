@@ -219,3 +219,27 @@ def test_a_failed_start_names_the_engine_log(monkeypatch, tmp_path):
     log = tmp_path / "engine.log"
     with pytest.raises(EngineStartError, match=f"EngineCore died. See the engine log, {log}"):
         _start_holding_signals(object(), log)
+
+
+@pytest.mark.parametrize("user_value, expected", [(None, "spawn"), ("fork", "fork")], ids=["default", "user_set"])
+def test_the_app_spawns_the_engine_processes(user_value, expected, monkeypatch):
+    """The chat app starts the engine from a worker thread: vLLM's processes are spawned, not forked from a
+    threaded process (vLLM forks by default on CUDA), unless the user chose."""
+    import locks_engine.engine
+    from locks_chat.engine import open_engine
+    from locks_engine.config import LocksConfig
+
+    seen = []
+
+    class Records:
+        def __init__(self, options):
+            seen.append(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+
+    monkeypatch.setattr(locks_engine.engine, "LocksEngine", Records)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "unset")  # so that the test's value is undone after it
+    if user_value is None:
+        monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD")
+    else:
+        monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", user_value)
+    open_engine(None, LocksConfig())
+    assert seen == [expected]

@@ -182,6 +182,9 @@ async def test_engine_that_does_not_start(book):
         await until(pilot, lambda: not screen.engine_starting.is_set() and not screen.doc_loading.is_set())
         await pilot.pause()
         assert "the engine did not start: no model" in notices(app, "error")
+        # the notification goes after a while; the Status panel keeps the reason
+        status = str(screen.panels.progress.render())
+        assert status.startswith("Not ready:") and "the engine did not start: no model" in status
         screen.query_one(PromptInput).value = "Hello?"
         await pilot.press("enter")
         await until(pilot, lambda: not screen.answering, what="the failure")

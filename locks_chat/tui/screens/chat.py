@@ -127,6 +127,8 @@ class ChatScreen(Screen):
         self.mailbox = Mailbox()
         """what the answer's worker left for the screen (text, step readings, ticks)"""
         self._drain_posted = False
+        self.failures: dict[str, str] = {}
+        """the last error of each phase that failed ("load", "engine"), shown in the Status panel until it succeeds"""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -311,6 +313,7 @@ class ChatScreen(Screen):
 
     def on_chat_screen_loaded(self, message: Loaded) -> None:
         self.panels.progress.end("load")
+        self.failures.pop("load", None)
         if message.fit_error:
             self.notify(message.fit_error, severity="error", timeout=15)
         document = message.document
@@ -324,6 +327,7 @@ class ChatScreen(Screen):
 
     def on_chat_screen_engine_ready(self, message: EngineReady) -> None:
         self.panels.progress.end("engine")
+        self.failures.pop("engine", None)
         self.notify(f"Engine ready in {message.seconds:.0f} s: {self.chat.mode()}")
         self.panels.set_locks(message.locks, getattr(self.chat.engine, "max_context", None))
         self._ready_or_waiting()
@@ -334,6 +338,7 @@ class ChatScreen(Screen):
             self.app.exit(return_code=DocumentError.exit_code)
             return
         self.panels.progress.end(message.phase)
+        self.failures[message.phase] = message.message
         self.notify(message.message, severity="error", timeout=15)
         self._ready_or_waiting()
 
@@ -344,7 +349,9 @@ class ChatScreen(Screen):
         if self.chat.engine is not None and self.chat.document is not None:
             progress.finish(f"Ready: {self.chat.model_name()}\n{self.chat.mode()}")
         else:
-            progress.finish("Not ready (see the error)")
+            # the notification goes after 15 s; the reason stays here until the phase succeeds
+            reasons = "\n".join(escape(reason) for reason in self.failures.values()) or "see the error above"
+            progress.finish(f"Not ready: {reasons}")
 
     def _request_drain(self) -> None:
         if self.mailbox.pending() and not self._drain_posted:
