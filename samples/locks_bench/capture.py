@@ -75,25 +75,42 @@ def load_or_capture(
 
 
 def capture(model_dir: str | Path, text: str | Path, tokens: int, positions: list[int], log=print) -> dict:
-    """Run the model once over ``tokens`` tokens of ``text`` and record q (at ``positions``), k and v.
+    """Run the model once over the first ``tokens`` tokens of ``text`` and record q (at ``positions``), k and v
+    (:func:`capture_ids`; ``meta`` adds ``source_text``).
+
+    Raises:
+        SystemExit: the text is too short, or as :func:`capture_ids`.
+    """
+    from transformers import AutoTokenizer
+
+    ids = first_tokens(AutoTokenizer.from_pretrained(model_dir), read_prose(text), tokens)
+    data = capture_ids(model_dir, ids, positions, log)
+    model_keys = dict(list(data["meta"].items())[:2])  # model, model_config: the source text goes after them
+    data["meta"] = {**model_keys, "source_text": Path(text).name, **data["meta"]}
+    return data
+
+
+def capture_ids(model_dir: str | Path, ids: list[int], positions: list[int], log=print) -> dict:
+    """Run the model once over the token ids ``ids`` (``N`` tokens, positions ``0 .. N-1``) and record q (at
+    ``positions``), k and v.
 
     Returns:
-        dict: ``k``, ``v`` float16 `[L, H, N, D]`; ``q`` float32 `[L, HQ, T, D]`; ``positions`` int64 `[T]`;
-        ``meta`` (model config, source, versions, date, forward seconds, max check error).
+        dict: ``k``, ``v`` float16 `[L, H, N, D]`; ``q`` float32 `[L, HQ, T, D]`; ``positions`` int64 `[T]`
+        (sorted, distinct); ``meta`` (model config, tokens, versions, date, forward seconds, max check error).
     Raises:
+        AssertionError: a position outside ``0 .. N-1``.
         SystemExit: the RoPE wrapper saw the wrong number of calls, or a layer fails the output check.
     """
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     cfg = model.config
     n_layers, n_q, n_kv = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_q
+    tokens = len(ids)
     pos = torch.tensor(sorted(set(positions)), dtype=torch.long)
     assert 0 <= int(pos.min()) and int(pos.max()) < tokens, "positions must lie in 0..tokens-1"
-    ids = first_tokens(tok, read_prose(text), tokens)
 
     module = sys.modules[type(model.model.layers[0].self_attn).__module__]
     orig_rope = module.apply_rotary_pos_emb
@@ -143,7 +160,7 @@ def capture(model_dir: str | Path, text: str | Path, tokens: int, positions: lis
         "model": Path(model_dir).name,
         "model_config": {"num_hidden_layers": n_layers, "num_attention_heads": n_q, "num_key_value_heads": n_kv,
                          "head_dim": dim, "model_type": cfg.model_type},
-        "source_text": Path(text).name, "tokens": tokens,
+        "tokens": tokens,
         "dtype": "k, v float16; q float32 (captured in float32, sdpa, one forward pass, positions 0..N-1)",
         "forward_s": round(forward_s, 1), "check_max_rel_err": worst,
         "transformers": transformers.__version__, "torch": torch.__version__,
