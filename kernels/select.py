@@ -47,17 +47,28 @@ def _kth_largest(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
 
     ``NT``-ary search: each round counts the keys at ``NT`` thresholds at once (one block reduction) and keeps
     one ``NT``-th of the range, so ``ROUNDS`` (:data:`SEARCH_ROUNDS`) cover the 2^30 + 1 possible keys.
-    Invariant: ``count(keys >= lo) >= K`` (or ``lo == 1``) and ``count(keys >= hi + 1) < K``."""
+    Invariant: ``count(keys >= lo) >= K`` (or ``lo == 1``) and ``count(keys >= hi + 1) < K``.
+
+    The search stops early at a threshold with exactly ``K`` keys at or above it: that threshold selects the same
+    keys as the K-th largest key does (:func:`_take_top`), and it is met once the step falls under the gap between
+    the K-th and the (K+1)-th largest keys, typically in about half the rounds (each round ends in a block
+    reduction: the search's latency is the selection's)."""
     o_t = tl.arange(0, NT)
     lo = tl.zeros([], dtype=tl.int32) + 1
     hi = tl.zeros([], dtype=tl.int32) + 0x40000001  # bits of 2.0 (forced) + 1
-    for _ in range(ROUNDS):
+    rounds = tl.zeros([], dtype=tl.int32)
+    exact = (tl.sum((keys >= lo).to(tl.int32), axis=0) == K).to(tl.int32)
+    while (rounds < ROUNDS) & (exact == 0):
         step = (hi - lo) // NT + 1
         t = lo + o_t * step  # [NT]
-        good = tl.sum((keys[:, None] >= t[None, :]).to(tl.int32), axis=0) >= K
+        counts = tl.sum((keys[:, None] >= t[None, :]).to(tl.int32), axis=0)  # [NT], non-increasing
+        good = counts >= K
         j = tl.maximum(tl.sum(good.to(tl.int32), axis=0) - 1, 0)  # last good threshold (t_0 = lo is good)
+        # a threshold with exactly K keys at or above it is the last good one (counts do not increase)
+        exact = tl.max((counts == K).to(tl.int32), axis=0)
         hi = tl.where(j < NT - 1, tl.minimum(hi, lo + (j + 1) * step - 1), hi)
         lo = lo + j * step
+        rounds += 1
     return lo
 
 

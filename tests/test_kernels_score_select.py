@@ -248,3 +248,36 @@ def test_decode_step_composes_the_stages():
                                                  selected, 16)
     assert_close("step out", ref_out.float().cpu(), out.float().cpu(), 1e-5)
     assert_close("step lse", ref_lse.cpu(), lse.cpu(), 1e-6)
+
+
+def _top_keys(keys: list[int], k: int) -> list[int]:
+    """Positions of the ``k`` largest keys ``>= 1``, ties to the lower position, in position order."""
+    order = sorted((i for i, key in enumerate(keys) if key >= 1), key=lambda i: (-keys[i], i))
+    return sorted(order[:k])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_take_top_is_the_exact_top_k_with_ties_to_lower_positions(seed):
+    """The threshold search (and its early stop at exactly K keys) takes exactly the K largest keys, ties
+    towards lower positions, over key sets with wide gaps, dense ties at the K-th key, invalid keys (0), fewer
+    valid keys than K, and the forced key (bits of 2.0, + 1)."""
+    from tests.kernels_probes import SEARCH_ARITY, SEARCH_ROUNDS, take_top_probe
+
+    gen = torch.Generator().manual_seed(seed)
+    n = 256
+    forced = 0x40000001
+    keys = torch.randint(1, forced, (n,), generator=gen)
+    if seed % 4 == 1:
+        keys = torch.randint(1, 40, (n,), generator=gen)  # few distinct keys: ties at every K
+    if seed % 4 == 2:
+        keys[torch.randperm(n, generator=gen)[: n // 2]] = 0  # half the slots are not pages
+    if seed % 4 == 3:
+        keys[:5] = forced  # forced pages
+        keys[5:] = torch.where(torch.rand(n - 5, generator=gen) < 0.9, 0, keys[5:])  # few valid keys
+    for k in (1, 2, 13, 64, 128, 200, 256):
+        take = torch.zeros(n, dtype=torch.int32, device=DEVICE)
+        slot = torch.full((n,), -1, dtype=torch.int32, device=DEVICE)
+        take_top_probe[(1,)](keys.to(torch.int32).to(DEVICE), take, slot, k, N=n, NT=SEARCH_ARITY, ROUNDS=SEARCH_ROUNDS)
+        taken = take.cpu().nonzero().flatten().tolist()
+        assert taken == _top_keys(keys.tolist(), k), f"k={k}"
+        assert slot.cpu()[take.cpu().bool()].tolist() == list(range(len(taken))), "slots in position order"
