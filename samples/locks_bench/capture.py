@@ -85,8 +85,7 @@ def capture(model_dir: str | Path, text: str | Path, tokens: int, positions: lis
 
     ids = first_tokens(AutoTokenizer.from_pretrained(model_dir), read_prose(text), tokens)
     data = capture_ids(model_dir, ids, positions, log)
-    model_keys = dict(list(data["meta"].items())[:2])  # model, model_config: the source text goes after them
-    data["meta"] = {**model_keys, "source_text": Path(text).name, **data["meta"]}
+    data["meta"]["source_text"] = Path(text).name
     return data
 
 
