@@ -48,9 +48,10 @@ def spawn_engine_processes() -> None:
     On CUDA vLLM forks them by default (``vllm/utils/system_utils.py``, ``_maybe_force_spawn``, spawns only when
     CUDA is initialized; vLLM's CPU platform always spawns). The chat app starts the engine from a worker thread
     while Textual's threads run, and a forked child of a threaded process keeps only the forking thread, with
-    every lock the others held and ``sys.stderr`` pointing at Textual's print capture: the engine core died
-    there without a line in the engine log ("Engine core initialization failed", H200, vLLM 0.26, 2026-12-04).
-    A spawned child starts clean and writes to fd 2, the engine log."""
+    every lock the others held and ``sys.stderr`` pointing at Textual's print capture. That is the likely cause
+    of the engine core dying without a line in the engine log in the chat app on an H200 ("Engine core
+    initialization failed", vLLM 0.26, 2026-12-04; not yet re-run with this setting). A spawned child starts
+    clean and writes to fd 2, the engine log."""
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
