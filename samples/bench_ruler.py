@@ -161,11 +161,11 @@ def parse_args(argv):
 
 
 def print_table(paths: list[str]) -> int:
-    """``--table``: the markdown table of the result files, then per LOCKS setting the samples scored the same as,
-    better or worse than dense's."""
-    from locks_bench.ruler_results import agreement, markdown_table
+    """``--table``: the markdown table of the result files (or part files of stopped runs), then per LOCKS setting
+    the samples scored the same as, better or worse than dense's."""
+    from locks_bench.ruler_results import agreement, as_result, markdown_table
 
-    results = [json.loads(Path(p).read_text()) for p in paths]
+    results = [as_result(json.loads(Path(p).read_text())) for p in paths]
     print(markdown_table(results))
     for name in dict.fromkeys(r["setting"] for result in results for r in result["runs"]):
         if name != "dense":

@@ -297,6 +297,19 @@ def test_the_readme_table_has_a_cell_per_task_length_and_setting() -> None:
     ]
 
 
+def test_part_file_of_a_stopped_run_reads_as_a_result() -> None:
+    from locks_bench.ruler_results import as_result, markdown_table
+
+    whole = _result({"dense": [1.0, 0.5]})
+    part = whole["runs"][0]
+    assert as_result(whole) is whole
+    assert as_result(part)["runs"] == [part]
+    locks = _result({"locks:5%": [0.0, 0.5]})
+    assert markdown_table([as_result(part), locks]).splitlines()[2] == "| ruler_cwe | 75.0 (2) | 25.0 (2) |"
+    with pytest.raises(ValueError, match="not a RULER result or part file"):
+        as_result({"tasks": []})
+
+
 def test_agreement_counts_samples_against_dense() -> None:
     from locks_bench.ruler_results import agreement
 

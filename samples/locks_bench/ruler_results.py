@@ -80,6 +80,20 @@ def write_ruler_result(path: str | Path, header: dict[str, Any], run: dict[str, 
     return write_result(path, {**header, **run, "runs": runs, "table": table(runs)})
 
 
+def as_result(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as a result file: a result file unchanged, a child's part file (one setting and length, the tasks
+    it finished before it was stopped: ``{"setting", "context", "tasks"}``) wrapped as a result of that one run.
+
+    Raises:
+        ValueError: ``data`` is neither.
+    """
+    if "runs" in data:
+        return data
+    if {"setting", "context", "tasks"} <= data.keys():
+        return {"runs": [data], "table": table([data])}
+    raise ValueError("not a RULER result or part file: it has neither 'runs' nor 'setting', 'context' and 'tasks'")
+
+
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """The README's table from result files (``write_ruler_result``'s dicts): a row per task, a column per length
     and setting (in the order they ran), each cell ``accuracy (samples)``; ``-`` where a run has no row; the last
