@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
 from locks_bench.ruler import (
-    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, check_backend, check_model_dir, engine_env, ensure_punkt_tab,
-    import_lm_eval_vllm, locks_settings, model_args, nltk_data_env, parse_setting, task_metadata)
+    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, TruncationCounter, check_backend, check_model_dir,
+    engine_env, ensure_punkt_tab, import_lm_eval_vllm, locks_settings, model_args, nltk_data_env, parse_setting, task_metadata)
 from locks_bench.ruler_results import result_path, task_row, timed_row, write_ruler_result
 
 
@@ -76,7 +77,10 @@ def run_tasks(spec: dict, part: dict) -> None:
     log(f"{setting.name} at {context}: engine started in {part['engine_start_s']} s, "
         f"{'no LOCKS layer' if stats is None else 'LOCKS on every attention layer'}")
     manager = TaskManager(metadata=task_metadata(spec["model"], context))
+    truncated = TruncationCounter()
+    logging.getLogger("lm_eval").addHandler(truncated)
     for task in spec["tasks"]:
+        truncated.count = 0
         # the samples are drawn from Python's and numpy's global generators while the task is built
         random.seed(seed)
         np.random.seed(seed)
@@ -87,6 +91,9 @@ def run_tasks(spec: dict, part: dict) -> None:
             model=lm, tasks=[task_obj], task_manager=manager, limit=spec["limit"], random_seed=seed,
             numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0,
             apply_chat_template=spec["chat_template"], log_samples=True)
+        if truncated.count:
+            raise RulerError(f"{task}: lm-eval cut {truncated.count} prompts to max_model_len = {context} + "
+                             f"{spec['sizes']['headroom']} tokens; the accuracy would be of other prompts")
         row = timed_row(task_row(results, task, context), t1 - t0, time.perf_counter() - t1)
         part["tasks"].append(row)
         if stats is not None:

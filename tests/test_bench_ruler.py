@@ -8,6 +8,7 @@ at collection.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import types
@@ -295,6 +296,23 @@ def test_the_readme_table_has_a_cell_per_task_length_and_setting() -> None:
         "| ruler_vt | 100.0 (2) | - |",
         "| mean | 87.5 | - |",
     ]
+
+
+def test_truncation_counter_counts_lm_evals_cut_prompts_only() -> None:
+    counter = ruler.TruncationCounter()
+    logger = logging.getLogger("lm_eval.utils")
+    logging.getLogger("lm_eval").addHandler(counter)
+    try:
+        # the two warnings of lm-eval 0.4.13 (models/utils.py maybe_truncate, models/vllm_causallms.py)
+        logger.warning("Context length (8210) + max_gen_toks (50) = 8260 exceeds model's max length (8256). "
+                       "Truncating context from side='left'.")
+        logging.getLogger("lm_eval.models.vllm_causallms").warning(
+            "Context length %s exceeds max length (%s). Truncating context.", 9000, 8256)
+        logger.warning("Building contexts for ruler_fwe on rank 0...")
+        logger.info("exceeds model's max length (info, not counted)")
+    finally:
+        logging.getLogger("lm_eval").removeHandler(counter)
+    assert counter.count == 2
 
 
 def test_part_file_of_a_stopped_run_reads_as_a_result() -> None:

