@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 from locks_bench.ruler import (
-    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, TruncationCounter, check_backend, check_model_dir,
-    engine_env, ensure_punkt_tab, import_lm_eval_vllm, locks_settings, model_args, nltk_data_env, parse_setting, task_metadata)
+    OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, TruncationCounter, check_backend, check_lengths,
+    check_model_dir, engine_env, ensure_punkt_tab, import_lm_eval_vllm, locks_settings, model_args, nltk_data_env,
+    parse_setting, task_metadata)
 from locks_bench.ruler_results import result_path, task_row, timed_row, write_ruler_result
 
 
@@ -194,6 +195,7 @@ def main(argv=None) -> int:
         if not args.model:
             raise RulerError("--model is needed: a local model directory")
         args.model = check_model_dir(args.model)
+        check_lengths(args.model, args.lengths)
         settings = [parse_setting(s) for s in args.settings]
         for s in settings:
             if s.mode == "locks":

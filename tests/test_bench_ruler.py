@@ -149,6 +149,15 @@ def test_check_model_dir(tmp_path):
     assert ruler.check_model_dir(tmp_path) == tmp_path.resolve()
 
 
+def test_check_lengths_against_the_models_positions(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    ruler.check_lengths(tmp_path, [4096, 32768 - ruler.TEMPLATE_HEADROOM])
+    with pytest.raises(RulerError, match=f"--lengths 32768: .* the longest that fits is {32768 - 128}"):
+        ruler.check_lengths(tmp_path, [16384, 32768], headroom=128)
+    (tmp_path / "config.json").write_text("{}")
+    ruler.check_lengths(tmp_path, [1 << 20])
+
+
 def english_tables():
     return types.SimpleNamespace(ABBREV_TYPES=frozenset({"dr", "mr", "u.s"}), SENT_STARTERS=frozenset({"however"}),
                                  COLLOCATIONS=frozenset({("##number##", "may"), ("s", "bach")}),

@@ -13,6 +13,7 @@ Nothing here imports lm-eval or vLLM: the harness' own logic is tested without t
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -266,6 +267,24 @@ def check_model_dir(model_dir: str | Path) -> Path:
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         raise RulerError(f"--model {model_dir}: no tokenizer.json (the RULER tasks size their samples with it)")
     return path.resolve()
+
+
+def check_lengths(model_dir: str | Path, lengths: list[int], headroom: int = TEMPLATE_HEADROOM) -> None:
+    """Each RULER length plus ``headroom`` (``max_model_len``) within the model's positions
+    (``max_position_embeddings`` of its ``config.json``; not checked when the file has none). Past them vLLM
+    refuses the engine, or lm-eval cuts prompts: the run would end after the engine start, or measure other prompts.
+
+    Raises:
+        RulerError: a length too long for the model, with the longest that fits.
+    """
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int):
+        return
+    for length in lengths:
+        if length + headroom > positions:
+            raise RulerError(f"--lengths {length}: with the chat template's {headroom} tokens it passes the model's "
+                             f"{positions} positions; the longest that fits is {positions - headroom}")
 
 
 #: where NLTK looks for the English Punkt tables (lm-eval's ``prepare_niah`` checks ``tokenizers/punkt_tab``)
