@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from locks_chat.errors import Cancelled, LocksChatError
+from locks_chat.errors import Cancelled, LocksChatError, is_text
 from locks_chat.followup import FollowUp
 
 
@@ -50,6 +50,9 @@ def run_ask(
 
     if not question.strip():
         raise LocksChatError("the question is empty: ask something, e.g. \"Who is the narrator?\"")
+    if not is_text(question):
+        raise LocksChatError("the question is not UTF-8 text (the terminal sent other bytes); set a UTF-8 locale "
+                             "(LANG=C.UTF-8) and ask again")
     if not stdout_open():
         raise LocksChatError("stdout is closed: the answer has nowhere to go; redirect it (> answer.txt) instead")
     cfg = locks_config(budget, rank, dense, name_prefix="--")

@@ -1,13 +1,14 @@
 """The ``locks-chat`` command line.
 
-Errors users cause map to one line on stderr and an exit code (0 ok, 2 bad input or a document that does not
-fit, 3 engine failure, 130 interrupted, 141 stdout's pipe closed, 143 SIGTERM: ``locks_chat.signals``); nothing
-they cause prints a traceback. Usage errors that Typer finds (a bad option value, a missing argument) are one
-line as well (exit code 2), from :func:`main`.
+Errors users cause map to one line on stderr and an exit code (0 ok, 1 the output could not be written: a full
+disk, 2 bad input or a document that does not fit, 3 engine failure, 130 interrupted, 141 stdout's pipe closed,
+143 SIGTERM: ``locks_chat.signals``); nothing they cause prints a traceback. Usage errors that Typer finds (a bad
+option value, a missing argument) are one line as well (exit code 2), from :func:`main`.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from collections.abc import Callable
@@ -32,6 +33,9 @@ err_console = Console(stderr=True)
 
 #: Exit code when stdout's reader closed the pipe (128 + SIGPIPE, what a shell reports for ``yes | head``).
 BROKEN_PIPE_EXIT_CODE = 141
+#: Exit code when the output could not be written (a full disk or quota): the command's work is lost, say so.
+OUTPUT_ERROR_EXIT_CODE = 1
+_OUTPUT_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _drop_stdout() -> None:
@@ -53,7 +57,9 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
+            sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
+            return result
         except LocksChatError as err:
             if sigterm_received() and not isinstance(err, Cancelled):
                 # a SIGTERM sent to the process group reached vLLM's engine core too, which failed the request
@@ -70,6 +76,13 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             # the reader of stdout went away (``| head``): stop quietly, as tools that SIGPIPE ends do
             _drop_stdout()
             raise typer.Exit(BROKEN_PIPE_EXIT_CODE) from None
+        except OSError as err:
+            if err.errno not in _OUTPUT_FULL:
+                raise
+            _drop_stdout()
+            err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
+                              "elsewhere, then run again", highlight=False, soft_wrap=True)
+            raise typer.Exit(OUTPUT_ERROR_EXIT_CODE) from None
 
     return wrapper
 

@@ -38,6 +38,16 @@ def escape_breaks(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
+def is_text(text: str) -> bool:
+    """Whether ``text`` is valid Unicode: a command-line argument whose bytes were not UTF-8 reaches Python with
+    lone surrogates (``\\udcff``), which no encoder, tokenizer or database takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class DocumentError(LocksChatError):
     """A document that cannot be read: missing, unsupported or malformed."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locks_chat.errors import LocksChatError, exception_reason
+from locks_chat.errors import LocksChatError, escape_breaks, exception_reason
 from locks_chat.settings import HOME_ENV, data_dir
 
 SCHEMA = """
@@ -179,7 +179,8 @@ class SessionStore:
             doc_path (str): the document's path (stored resolved), or :data:`STDIN_PATH`.
             doc_hash (str): SHA-256 of the document's bytes, hex (:func:`file_hash`).
         """
-        doc_path = doc_path if doc_path == STDIN_PATH else str(Path(doc_path).resolve())
+        doc_path = doc_path if doc_path == STDIN_PATH else storable(str(Path(doc_path).resolve()))
+        title = escape_breaks(storable(title))
         if not new:
             latest = self.latest(doc_hash, doc_path)
             if latest is not None:
@@ -189,7 +190,7 @@ class SessionStore:
             cur = db.execute(
                 "INSERT INTO sessions (doc_path, doc_hash, title, pages, created, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (doc_path, doc_hash, title, pages, now, now),
+                (doc_path, doc_hash, title, None if pages is None else storable(pages), now, now),
             )
             session_id = cur.lastrowid
         return self.get(session_id)
@@ -199,7 +200,7 @@ class SessionStore:
         :data:`STDIN_PATH`) unless it is ``None`` (then wherever it was read from); ``None`` when there is none."""
         where, args = "WHERE s.doc_hash = ?", (doc_hash,)
         if doc_path is not None:
-            doc_path = doc_path if doc_path == STDIN_PATH else str(Path(doc_path).resolve())
+            doc_path = doc_path if doc_path == STDIN_PATH else storable(str(Path(doc_path).resolve()))
             where, args = where + " AND s.doc_path = ?", (doc_hash, doc_path)
         rows = self._sessions(where, args)
         return rows[0] if rows else None
@@ -225,7 +226,8 @@ class SessionStore:
 
     def set_pages(self, session_id: int, pages: str | None) -> None:
         with self._db() as db:
-            db.execute("UPDATE sessions SET pages = ?, updated = ? WHERE id = ?", (pages, time.time(), session_id))
+            db.execute("UPDATE sessions SET pages = ?, updated = ? WHERE id = ?",
+                       (None if pages is None else storable(pages), time.time(), session_id))
 
     def delete(self, session_id: int) -> bool:
         """Delete a session and its turns; False when there was no such session."""
@@ -255,10 +257,16 @@ class SessionStore:
                 "SELECT id, question, answer, status, citations, stats FROM turns WHERE session_id = ? ORDER BY id",
                 (session_id,),
             ).fetchall()
-        return [
-            Turn(i, q, a, "interrupted" if s == "answering" else s, json.loads(c), json.loads(st))
-            for i, q, a, s, c, st in rows
-        ]
+        try:
+            return [
+                Turn(i, q, a, "interrupted" if s == "answering" else s, json.loads(c), json.loads(st))
+                for i, q, a, s, c, st in rows
+            ]
+        except (TypeError, ValueError) as err:
+            raise SessionStoreError(
+                f"{self.path}: not a readable sessions database (a turn of session {session_id} holds no JSON: "
+                f"{exception_reason(err, 60)}); move it aside to start afresh"
+            ) from None
 
     def begin_turn(self, session_id: int, question: str) -> int:
         """Record a question before it is answered; returns the turn id."""
@@ -266,7 +274,7 @@ class SessionStore:
         with self._db() as db:
             cur = db.execute(
                 "INSERT INTO turns (session_id, question, status, created, updated) VALUES (?, ?, 'answering', ?, ?)",
-                (session_id, question, now, now),
+                (session_id, storable(question), now, now),
             )
             db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (now, session_id))
             return cur.lastrowid
@@ -280,9 +288,23 @@ class SessionStore:
         with self._db() as db:
             db.execute(
                 "UPDATE turns SET answer = ?, status = ?, citations = ?, stats = ?, updated = ? WHERE id = ?",
-                (answer, status, json.dumps(citations or []), json.dumps(stats or {}, default=str),
+                (storable(answer), status, json.dumps(citations or []), json.dumps(stats or {}, default=str),
                  time.time(), turn_id),
             )
+
+
+def storable(text: str) -> str:
+    """``text`` as valid UTF-8 for SQLite: a file name's bytes that are not UTF-8 (Python holds them as lone
+    surrogates, ``\\udcff``) become ``\\xff`` escapes, the same for the same name, so a session is found again."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = text.encode("utf-8", "backslashreplace")
+        return raw.decode("utf-8", "backslashreplace")
 
 
 def is_sqlite_int(value: int) -> bool:

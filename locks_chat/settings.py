@@ -22,11 +22,27 @@ HOME_ENV = "LOCKS_CHAT_HOME"
 """environment variable that overrides the base of the user directories"""
 
 
+def home_override() -> Path | None:
+    """``$LOCKS_CHAT_HOME`` with ``~`` expanded, or None when it is not set (or empty).
+
+    Raises:
+        LocksChatError: a ``~user`` that names no user (exit code 2).
+    """
+    home = os.environ.get(HOME_ENV)
+    if not home:
+        return None
+    try:
+        return Path(home).expanduser()
+    except RuntimeError:
+        raise LocksChatError(f"{HOME_ENV}={home}: no such user's home to expand ~ into; set it to a directory "
+                             "path") from None
+
+
 def config_dir() -> Path:
     """Where ``settings.toml`` lives."""
-    home = os.environ.get(HOME_ENV)
-    if home:
-        return Path(home).expanduser() / "config"
+    home = home_override()
+    if home is not None:
+        return home / "config"
     from platformdirs import user_config_dir
 
     return Path(user_config_dir(APP_NAME))
@@ -34,9 +50,9 @@ def config_dir() -> Path:
 
 def data_dir() -> Path:
     """Where sessions (``sessions.sqlite``) and exported transcripts live."""
-    home = os.environ.get(HOME_ENV)
-    if home:
-        return Path(home).expanduser() / "data"
+    home = home_override()
+    if home is not None:
+        return home / "data"
     from platformdirs import user_data_dir
 
     return Path(user_data_dir(APP_NAME))
@@ -45,9 +61,9 @@ def data_dir() -> Path:
 def model_cache_dir() -> Path:
     """Where the built-in model is converted into once (``$LOCKS_CHAT_HOME/models``; else the engine's default,
     ``locks_engine.models.default_cache_dir``)."""
-    home = os.environ.get(HOME_ENV)
-    if home:
-        return Path(home).expanduser() / "models"
+    home = home_override()
+    if home is not None:
+        return home / "models"
     from locks_engine.models import default_cache_dir
 
     return default_cache_dir()

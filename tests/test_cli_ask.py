@@ -93,8 +93,10 @@ def test_json_output_for_scripts(book, engine):
         (["ask", "missing.pdf", "q"], 2, "missing.pdf"),
         (["ask", "{book}", "   "], 2, "question is empty"),
         (["ask", "{book}", "q", "--pages", "50-60"], 2, "50-60"),
+        # the bytes of a non-UTF-8 terminal, as Python's argv holds them
+        (["ask", "{book}", "Who\udcff?"], 2, "the question is not UTF-8 text"),
     ],
-    ids=["missing_file", "empty_question", "page_range_out_of_bounds"],
+    ids=["missing_file", "empty_question", "page_range_out_of_bounds", "question_not_utf8"],
 )
 def test_bad_input_gives_one_line_and_exit_2(book, engine, args, code, message):
     result = runner.invoke(app, [a.replace("{book}", str(book)) for a in args])

@@ -9,6 +9,7 @@ import pytest
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, PageRangeError
 from locks_chat.ingest import PageKind, load_document
+from locks_chat.ingest.load import sniff_format
 from tests.ingest_samples import (
     encrypted, heavy_content, raw_text_pdf, run_here_or_in_a_thread, show_text, text_pdf, with_page_labels, write,
 )
@@ -122,6 +123,13 @@ def test_user_password_required(tmp_path, book_pdf):
     assert doc.warnings == ()
 
 
+def test_a_password_typed_in_another_encoding_is_tried_as_its_bytes(tmp_path, book_pdf):
+    path = write(tmp_path, "locked.pdf", encrypted(book_pdf.read_bytes(), "s3cret"))
+    # "s3cr\xffet" from a Latin-1 terminal: Python's argv holds the byte 0xff as the lone surrogate \udcff
+    with pytest.raises(EncryptedError, match="wrong password for this encrypted PDF; check --password"):
+        load_document(path, password="s3cr\udcffet")
+
+
 def test_empty_user_password_opens_without_password(tmp_path, book_pdf):
     path = write(tmp_path, "owner.pdf", encrypted(book_pdf.read_bytes(), "", owner_password="owner"))
     assert "The fact of page 5 is 35." in load_document(path).text
@@ -153,6 +161,18 @@ def test_garbage_after_pdf_header_is_refused(tmp_path):
     with pytest.raises(DocumentError, match="not a readable PDF") as info:
         load_document(path)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name, junk, kind", [
+    ("notes.md", b"Every PDF file starts with the header %PDF-1.7, then objects.\n", "text"),
+    ("notes.txt", b"A quoted header:\n%PDF-1.7\n", "text"),
+    ("mail.pdf", b"From: scanner\n\n", "pdf"),
+    ("download", b"HTTP/1.1 200 OK\n\n", "pdf"),
+    ("notes.md", b"", "pdf"),
+], ids=["quoted-in-markdown", "quoted-in-text", "junk-before-pdf", "junk-no-suffix", "md-named-pdf"])
+def test_a_pdf_header_makes_a_pdf_where_a_reader_would_take_it(tmp_path, book_pdf, name, junk, kind):
+    path = write(tmp_path, name, junk + book_pdf.read_bytes())
+    assert sniff_format(path.read_bytes(), name) in ((kind,) if kind == "pdf" else ("text", "markdown"))
 
 
 def test_reader_log_is_collected_not_printed(tmp_path, book_pdf, caplog):

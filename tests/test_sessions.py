@@ -2,6 +2,7 @@
 
 import os
 import sqlite3
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -75,6 +76,48 @@ def test_ids_past_sqlite_integers_are_no_sessions(book):
     huge = 10**20
     assert store.get(huge) is None and store.turns(huge) == [] and not store.delete(huge)
     assert len(store.list_sessions()) == 1
+
+
+def test_a_file_name_that_is_not_utf8_is_stored_and_found_again(tmp_path):
+    book = Path(os.fsdecode(bytes(tmp_path) + b"/bad\xffname\n.txt"))
+    book.write_text("Some text.", encoding="utf-8")
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), book.stem, None)
+    assert session.doc_path.endswith("bad\\xffname\n.txt") and session.title == "bad\\xffname\\n"
+    assert store.open_session(str(book), file_hash(book), book.stem, None).id == session.id
+    assert store.latest(file_hash(book), str(book)).id == session.id
+    turn = store.begin_turn(session.id, "Q\udcff?")
+    store.save_turn(turn, "A.", "done")
+    assert [t.question for t in store.turns(session.id)] == ["Q\\xff?"]
+
+
+def test_a_turn_whose_json_was_damaged_is_one_line(book):
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "book", None)
+    store.save_turn(store.begin_turn(session.id, "Q?"), "A.", "done")
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE turns SET citations = 'not json'")
+    with pytest.raises(SessionStoreError, match="not a readable sessions database .*move it aside"):
+        store.turns(session.id)
+    line = one_error_line(runner.invoke(app, ["sessions", "show", str(session.id)]))
+    assert "not a readable sessions database" in line
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["sessions", "show", "1"], ["sessions", "list", "--json"]], ids=["show", "list"])
+def test_a_transcript_to_a_full_disk_is_one_line(book, user_home, args):
+    import subprocess
+    import sys
+
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "book", None)
+    store.save_turn(store.begin_turn(session.id, "Q?"), "A. " * 5000, "done")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "locks_chat.cli", *args], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: cannot write the output (No space left on device); free space or write elsewhere, then run again"]
 
 
 GARBAGE = b"\x00\xffthis is no SQLite database\n" * 200
@@ -197,6 +240,13 @@ def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):
 def test_user_directories_follow_locks_chat_home(user_home):
     assert config_dir() == user_home / "config" and data_dir() == user_home / "data"
     assert settings_path() == user_home / "config" / "settings.toml"
+
+
+def test_a_home_with_an_unknown_user_is_one_line(monkeypatch):
+    monkeypatch.setenv("LOCKS_CHAT_HOME", "~no-such-user-here/locks")
+    line = one_error_line(runner.invoke(app, ["sessions", "list"]))
+    assert line == ("error: LOCKS_CHAT_HOME=~no-such-user-here/locks: no such user's home to expand ~ into; set it "
+                    "to a directory path")
 
 
 def test_settings_round_trip_and_overrides():

@@ -29,6 +29,8 @@ MAX_DOCUMENT_BYTES = 1 << 30
 READ_CHUNK_BYTES = 4 << 20
 """bytes asked of the operating system per read (4 MiB); signals are handled between two reads"""
 MARKDOWN_SUFFIXES = {".md", ".markdown", ".mdown", ".mkd"}
+#: suffixes of plain text: a ``%PDF-`` inside such a file is quoted text unless the file starts with it
+TEXT_SUFFIXES = {".txt", ".text"}
 _BINARY_MAGIC = {
     b"\x89PNG": "a PNG image",
     b"\xff\xd8\xff": "a JPEG image",
@@ -154,7 +156,10 @@ def sniff_format(data: bytes, source: str) -> str:
         DocumentError: a known binary format, or a ``.pdf``/``.epub`` whose content is not one.
     """
     suffix = Path(source).suffix.lower()
-    if b"%PDF-" in data[:1024]:
+    # PDF readers accept a header within the first KiB (junk before it); a text file may quote one
+    header = data.find(b"%PDF-", 0, 1024)
+    if header == 0 or (header > 0 and (suffix == ".pdf" or (
+            suffix not in MARKDOWN_SUFFIXES | TEXT_SUFFIXES and data[header - 1:header] in (b"\n", b"\r")))):
         return "pdf"
     if data.startswith(b"PK\x03\x04"):
         if b"mimetypeapplication/epub+zip" in data[:128] or suffix == ".epub":

@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
-from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason, shorten_reason
+from locks_chat.errors import (
+    DocumentError, EncryptedError, NoTextError, exception_reason, is_text, shorten_reason)
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.load import unused_password_warning
 from locks_chat.ingest.normalize import normalize_text, one_line
@@ -153,6 +155,14 @@ def _with_new_trailer(data: bytes) -> bytes | None:
     return data[: end + 6] + b"\ntrailer\n<< /Size %d >>\nstartxref\n0\n%%%%EOF\n" % (max(numbers) + 1)
 
 
+def _password(password: str | None) -> str | bytes:
+    """What ``PdfReader.decrypt`` takes: the text (pypdf encodes it as the PDF's revision wants), or the bytes typed
+    when they were not UTF-8 (Python holds them as lone surrogates, which pypdf cannot encode); ``""`` for none."""
+    if password is None:
+        return ""
+    return password if is_text(password) else os.fsencode(password)
+
+
 def _open(data: bytes, source: str, password: str | None):
     from pypdf import PasswordType, PdfReader
     from pypdf.errors import DependencyError
@@ -160,7 +170,7 @@ def _open(data: bytes, source: str, password: str | None):
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
         if reader.is_encrypted:
-            result = reader.decrypt(password if password is not None else "")
+            result = reader.decrypt(_password(password))
             if result == PasswordType.NOT_DECRYPTED:
                 if password is None:
                     raise EncryptedError(f"{source}: encrypted: pass --password")
