@@ -35,6 +35,12 @@ def run_chat(
 
     if doc.is_dir():
         raise DocumentError(f"{doc}: is a directory; pass a file")
+    if str(doc) == "-":
+        raise DocumentError("-: the chat app does not read standard input; save it to a file, or ask about it with "
+                            "locks-chat ask - \"question\"")
+    if doc.exists() and not doc.is_file():
+        raise DocumentError(f"{doc}: not a regular file (a device or a pipe), which the chat app cannot read again; "
+                            "save it to a file, or use locks-chat ask")
     if not doc.is_file():
         raise DocumentError(f"{doc}: no such file; check the path")
     settings, warnings = load_settings()

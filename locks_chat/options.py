@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,20 +15,20 @@ _DEFAULTS = LocksConfig()
 #: the smallest budget LOCKS takes: the pages every step reads (sink, recent and the last page), in tokens
 MIN_BUDGET = _DEFAULTS.min_budget
 
-Doc = Annotated[
-    Path,
-    typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False, metavar="DOC"),
-]
-AskDoc = Annotated[
-    Path,
-    typer.Argument(
-        help="The book or paper: PDF, EPUB, Markdown or plain text; - reads it from standard input (PDF and EPUB "
-        "told by their content, text starting with a '# ' heading read as Markdown); --continue then finds the "
-        "conversation by the content's SHA-256: pipe the same bytes again.",
-        show_default=False,
-        metavar="DOC",
-    ),
-]
+
+def _doc_given(value: str) -> Path:
+    """The document argument as a path; an empty one (an unset shell variable, say) is refused rather than read as
+    the current directory."""
+    if not value.strip():
+        raise typer.BadParameter("empty: give a document's path")
+    return Path(value)
+
+
+def _finite_gib(value: Optional[float]) -> Optional[float]:
+    """``--kv-cache-gib`` given as ``inf`` or ``nan`` (which pass a minimum) is refused: a size is a number."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a size: give a number of GiB such as 24")
+    return value
 
 
 def _pages_given(value: Optional[str]) -> Optional[str]:
@@ -44,6 +45,23 @@ def _model_given(value: Optional[str]) -> Optional[str]:
     return value
 
 
+# given as text and made a path by the callback: Typer would read "" as the current directory
+Doc = Annotated[
+    str,
+    typer.Argument(help="The book or paper: PDF, EPUB, Markdown or plain text.", show_default=False, metavar="DOC",
+                   callback=_doc_given),
+]
+AskDoc = Annotated[
+    str,
+    typer.Argument(
+        help="The book or paper: PDF, EPUB, Markdown or plain text; - reads it from standard input (PDF and EPUB "
+        "told by their content, text starting with a '# ' heading read as Markdown); --continue then finds the "
+        "conversation by the content's SHA-256: pipe the same bytes again.",
+        show_default=False,
+        metavar="DOC",
+        callback=_doc_given,
+    ),
+]
 Pages = Annotated[
     Optional[str],
     typer.Option(
@@ -94,6 +112,7 @@ KvCacheGib = Annotated[
         "reserved; on the CPU 1 GiB).",
         min=0.1,
         show_default=False,
+        callback=_finite_gib,
     ),
 ]
 Dense = Annotated[bool, typer.Option("--dense", help="Read every KV page (dense attention), for A/B runs.")]

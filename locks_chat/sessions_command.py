@@ -7,8 +7,9 @@ import time
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from locks_chat.errors import LocksChatError
+from locks_chat.errors import LocksChatError, escape_breaks
 from locks_chat.sessions import SessionInfo, SessionStore
 from locks_chat.transcript import render_transcript
 
@@ -33,7 +34,9 @@ def list_sessions(json_out: bool, console: Console) -> None:
     table = Table("id", "title", "pages", "turns", "updated", "document", box=None, header_style="bold")
     for s in sessions:
         updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
-        table.add_row(str(s.id), s.title, s.pages or "all", str(s.turns), updated, s.doc_path)
+        # as text, not markup: a file named "[red]notes.txt" is shown as named
+        table.add_row(str(s.id), Text(escape_breaks(s.title)), Text(escape_breaks(s.pages or "all")), str(s.turns),
+                      updated, Text(escape_breaks(s.doc_path)))
     console.print(table)
 
 

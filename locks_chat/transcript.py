@@ -6,6 +6,7 @@ import re
 import time
 from pathlib import Path
 
+from locks_chat.errors import escape_breaks
 from locks_chat.sessions import SessionInfo, Turn
 from locks_chat.settings import data_dir
 
@@ -41,12 +42,25 @@ def turn_stats_text(stats: dict) -> str:
     return " · ".join(parts)
 
 
+#: control characters but line feed and tab: in a transcript printed to a terminal they would be obeyed (an escape
+#: sequence in a stored answer recolours or retitles the terminal; a carriage return overwrites a line)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters but line feeds and tabs shown escaped (``\\x1b``)."""
+    return _CONTROLS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def render_transcript(session: SessionInfo, turns: list[Turn]) -> str:
-    """The whole conversation as Markdown."""
-    pages = f" (pages {session.pages})" if session.pages else ""
-    lines = [f"# {session.title}{pages}", "", f"Document: `{session.doc_path}`  ", f"SHA-256: `{session.doc_hash}`", ""]
+    """The whole conversation as Markdown; what the model or a file name put there cannot drive the terminal: the
+    title, path and questions are kept to their line (``escape_breaks``), the answers' control characters escaped."""
+    pages = f" (pages {escape_breaks(session.pages)})" if session.pages else ""
+    lines = [f"# {escape_breaks(session.title)}{pages}", "", f"Document: `{escape_breaks(session.doc_path)}`  ",
+             f"SHA-256: `{session.doc_hash}`", ""]
     for number, turn in enumerate(turns, 1):
-        lines += [f"## Q{number}. {turn.question}", "", turn.answer.strip() or "*(no answer)*", ""]
+        lines += [f"## Q{number}. {escape_breaks(turn.question)}", "", printable(turn.answer.strip()) or "*(no answer)*",
+                  ""]
         if turn.status in _STATUS_NOTE:
             lines += [_STATUS_NOTE[turn.status], ""]
         if turn.citations:

@@ -226,9 +226,13 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["ask", "{book}", "q", "--bogus"], "No such option: --bogus"),
         (["sessions", "show", "x"], "Invalid value for 'session_id'"),
         (["ask", "{book}", "q", "--kv-cache-gib", "0"], "Invalid value for '--kv-cache-gib'"),
+        (["ask", "{book}", "q", "--kv-cache-gib", "inf"], "inf is not a size"),
+        (["ask", "", "q"], "'DOC': empty: give a document's path"),
+        (["", "--pages", "1-3"], "'DOC': empty: give a document's path"),
     ],
     ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument",
-         "unknown_option", "sessions_id", "kv_cache_of_nothing"],
+         "unknown_option", "sessions_id", "kv_cache_of_nothing", "kv_cache_infinite", "blank_document",
+         "blank_document_chat"],
 )
 def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monkeypatch, capsys):
     """Typer's own usage errors (found before any command runs) go through ``main``: one line naming the help."""

@@ -95,8 +95,11 @@ def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, asked):
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["missing.pdf"], "missing.pdf: no such file"), (["{book}", "--rank", "20"], "--rank")],
-    ids=["missing", "bad-rank"],
+    [(["missing.pdf"], "missing.pdf: no such file"), (["{book}", "--rank", "20"], "--rank"),
+     ([""], "'DOC': empty: give a document's path"), (["-"], "-: the chat app does not read standard input"),
+     (["/dev/null"], "/dev/null: not a regular file"),
+     (["{book}", "--kv-cache-gib", "inf"], "inf is not a size")],
+    ids=["missing", "bad-rank", "empty-path", "stdin", "device", "infinite-kv-cache"],
 )
 def test_chat_errors_are_one_line_before_the_screen_opens(tmp_path, opened, args, message):
     book = write_book(tmp_path)

@@ -237,6 +237,18 @@ def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):
     assert path != again and path.read_text() == text and path.name.startswith("My-Book-")
 
 
+def test_transcript_and_list_cannot_drive_the_terminal(book, tmp_path):
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "[red]Book\x1b]0;owned\x07", None)
+    store.save_turn(store.begin_turn(session.id, "Who?\nWhere?"), "Ann\x1b[31m (p. 2).\n\tBo\rX", "done")
+    text = render_transcript(store.get(session.id), store.turns(session.id))
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    assert text.startswith("# [red]Book\\x1b]0;owned\\x07\n")
+    assert "## Q1. Who?\\nWhere?\n" in text and "Ann\\x1b[31m (p. 2).\n\tBo\\x0dX" in text
+    listed = runner.invoke(app, ["sessions", "list"]).stdout
+    assert "[red]Book" in listed and "\x1b" not in listed
+
+
 def test_user_directories_follow_locks_chat_home(user_home):
     assert config_dir() == user_home / "config" and data_dir() == user_home / "data"
     assert settings_path() == user_home / "config" / "settings.toml"
