@@ -33,6 +33,13 @@ def test_encodings_decode_with_a_warning_never_a_crash(tmp_path, encoding, data,
         assert doc.warnings[0].startswith("not UTF-8; decoded as")
 
 
+def test_a_utf8_file_with_a_stray_byte_stays_utf8_with_a_warning(tmp_path):
+    data = (ACCENTED * 3).encode("utf-8") + b"caf\xe9 au lait\n" + ACCENTED.encode("utf-8")
+    doc = load_document(write(tmp_path, "book.txt", data))
+    assert doc.text.count("Café crème, naïve façade: déjà vu.") == 4 and "caf\ufffd au lait" in doc.text
+    assert doc.warnings == ("1 byte not UTF-8 (the first on line 4), shown as \ufffd; the rest read as UTF-8",)
+
+
 def test_binary_bytes_are_refused(tmp_path):
     path = write(tmp_path, "data.txt", bytes(range(1, 32)) * 200)
     with pytest.raises(DocumentError, match="not text|not a text file") as info:

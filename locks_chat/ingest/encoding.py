@@ -48,7 +48,9 @@ def decode_text(data: bytes, source: str) -> tuple[str, list[str]]:
         if not _looks_binary(text):
             return text, []
     except UnicodeDecodeError:
-        pass
+        mostly = _mostly_utf8(data, source)
+        if mostly is not None:
+            return mostly
     from charset_normalizer import from_bytes
 
     matches = list(from_bytes(data))
@@ -57,6 +59,25 @@ def decode_text(data: bytes, source: str) -> tuple[str, list[str]]:
     encoding = _prefer_cp1252(matches)
     text = _checked(data.decode(encoding, errors="replace"), source)
     return text, [f"not UTF-8; decoded as {encoding}, check accented characters"]
+
+
+def _mostly_utf8(data: bytes, source: str) -> tuple[str, list[str]] | None:
+    """UTF-8 with its few bad bytes replaced (U+FFFD) and a warning counting them, when the valid multi-byte
+    characters outnumber the bad bytes at least twice (a UTF-8 book with a stray Latin-1 byte stays UTF-8, where a
+    legacy code page would garble every accented letter); None when the bytes are better read in another encoding."""
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.count("\ufffd".encode())
+    wide = sum(1 for ch in text if ord(ch) > 0x7F) - text.count("\ufffd")
+    if bad <= 0 or wide < 2 * bad or _looks_binary(text):
+        return None
+    try:
+        data.decode("utf-8")
+        first = 0
+    except UnicodeDecodeError as err:
+        first = err.start
+    line = data.count(b"\n", 0, first) + 1
+    return _checked(text, source), [f"{bad} byte{'s' if bad > 1 else ''} not UTF-8 (the first on line {line}), "
+                                    "shown as \ufffd; the rest read as UTF-8"]
 
 
 def _prefer_cp1252(matches) -> str:
