@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from locks_chat.settings import MIN_CONTEXT, MIN_KV_CACHE_GIB
 from locks_engine.config import LocksConfig
 
 #: the LOCKS settings the command line does not change (page size, sink and recent pages)
@@ -110,7 +111,7 @@ KvCacheGib = Annotated[
         "--kv-cache-gib",
         help="KV cache size in GiB, to share a GPU (default: on a GPU vLLM's share of its memory, the page summaries "
         "reserved; on the CPU 1 GiB).",
-        min=0.1,
+        min=MIN_KV_CACHE_GIB,
         show_default=False,
         callback=_finite_gib,
     ),
@@ -127,7 +128,7 @@ DenseSwitch = Annotated[
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens in the answer.", min=1)]
 ContextLength = Annotated[
     Optional[int],
-    typer.Option("--context", help="Context length in tokens (default: the model's).", min=256, show_default=False),
+    typer.Option("--context", help="Context length in tokens (default: the model's).", min=MIN_CONTEXT, show_default=False),
 ]
 NewSession = Annotated[
     bool, typer.Option("--new", help="Start a new conversation instead of resuming the book's last one.")

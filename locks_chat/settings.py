@@ -9,6 +9,7 @@ rewritten whole, atomically, on every change.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
@@ -73,6 +74,11 @@ def settings_path() -> Path:
     return config_dir() / "settings.toml"
 
 
+#: the smallest ``--context`` (tokens) and ``--kv-cache-gib`` the command line and the settings file take
+MIN_CONTEXT = 256
+MIN_KV_CACHE_GIB = 0.1
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the chat remembers between runs; command-line options override it for one run."""
@@ -134,8 +140,8 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
     for key, value in data.items():
         if key not in known:
             warnings.append(f"{path}: unknown setting {key!r} ignored")
-        elif not _type_ok(key, value):
-            warnings.append(f"{path}: {key} = {value!r} has the wrong type; using the default")
+        elif (allowed := _allowed(key, value)) is not None:
+            warnings.append(f"{path}: {key} = {value!r} is not allowed ({allowed}); using the default")
         else:
             values[key] = value
     return _valid_locks_values(path, values, warnings), warnings
@@ -163,14 +169,19 @@ def _valid_locks_values(path: Path, values: dict[str, Any], warnings: list[str])
     return Settings(**{k: v for k, v in values.items() if k not in locks_keys})
 
 
-def _type_ok(key: str, value: Any) -> bool:
+def _allowed(key: str, value: Any) -> str | None:
+    """None when ``value`` is one the command line would take for ``key`` (its option's limits), else what is."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if key == "dense":
-        return isinstance(value, bool)
+        return None if isinstance(value, bool) else "true or false"
     if key == "model":
-        return isinstance(value, str)
+        return None if isinstance(value, str) and value.strip() else "a model directory or hub id"
     if key == "kv_cache_gib":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+        ok = number and math.isfinite(value) and value >= MIN_KV_CACHE_GIB
+        return None if ok else f"a number of GiB, at least {MIN_KV_CACHE_GIB}"
+    if key == "context":
+        return None if number and isinstance(value, int) and value >= MIN_CONTEXT else f"tokens, at least {MIN_CONTEXT}"
+    return None if number and isinstance(value, int) and value > 0 else "a whole number above 0"
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

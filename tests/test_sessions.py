@@ -273,9 +273,13 @@ def test_settings_round_trip_and_overrides():
 
 @pytest.mark.parametrize(
     "text, warning",
-    [("budget = 'big'\n", "budget = 'big' has the wrong type"), ("colour = 1\n", "unknown setting 'colour'"),
-     ("budget = [\n", "unreadable"), ("dense = 1\n", "dense = 1 has the wrong type")],
-    ids=["wrong-type", "unknown", "not-toml", "int-for-bool"],
+    [("budget = 'big'\n", "budget = 'big' is not allowed (a whole number above 0)"),
+     ("colour = 1\n", "unknown setting 'colour'"), ("budget = [\n", "unreadable"),
+     ("dense = 1\n", "dense = 1 is not allowed (true or false)"),
+     ("context = 10\n", "context = 10 is not allowed (tokens, at least 256)"),
+     ("kv_cache_gib = inf\n", "kv_cache_gib = inf is not allowed (a number of GiB, at least 0.1)"),
+     ("model = ' '\n", "model = ' ' is not allowed (a model directory or hub id)")],
+    ids=["wrong-type", "unknown", "not-toml", "int-for-bool", "tiny-context", "infinite-kv-cache", "blank-model"],
 )
 def test_a_bad_settings_file_gives_defaults_and_a_warning(text, warning):
     settings_path().parent.mkdir(parents=True)
