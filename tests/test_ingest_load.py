@@ -197,7 +197,7 @@ def test_a_swallowed_time_limit_is_raised_again():
     start = time.monotonic()
     with pytest.raises(TimeLimitExceeded):
         call_with_time_limit(stubborn, 0.1)
-    assert swallowed and time.monotonic() - start < 1.5
+    assert swallowed and time.monotonic() - start < 2.5  # not the 3 s of a swallowed alarm
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert call_with_time_limit(lambda: spin(0.3), 1.0) == "done"  # the next call is not hit by a stray alarm
 
