@@ -320,3 +320,24 @@ def test_a_one_token_answer_has_no_decode_step_figures(book, engine, monkeypatch
     assert "MB per token" not in result.stderr
     data = json.loads(runner.invoke(app, ["ask", str(book), "q", "--max-tokens", "1", "--json"]).stdout)["stats"]
     assert data["decode_steps"] == 0 and data["kv_pages_read_fraction"] is None
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
+    """The console script's entry: a KeyboardInterrupt raised while ``locks_chat.cli`` imports (Typer, Rich)."""
+    import builtins
+    import sys
+
+    from locks_chat import entry
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "locks_chat.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "locks_chat.cli")
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as exited:
+        entry.main()
+    assert exited.value.code == 130 and capsys.readouterr().err == "interrupted\n"
