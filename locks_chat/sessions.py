@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locks_chat.errors import LocksChatError, escape_breaks, exception_reason
+from locks_chat.errors import LocksChatError, escape_breaks, exception_reason, is_text
 from locks_chat.settings import HOME_ENV, data_dir
 
 SCHEMA = """
@@ -296,15 +296,13 @@ class SessionStore:
 def storable(text: str) -> str:
     """``text`` as valid UTF-8 for SQLite: a file name's bytes that are not UTF-8 (Python holds them as lone
     surrogates, ``\\udcff``) become ``\\xff`` escapes, the same for the same name, so a session is found again."""
-    try:
-        text.encode("utf-8")
+    if is_text(text):
         return text
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
-        try:
-            raw = text.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            raw = text.encode("utf-8", "backslashreplace")
-        return raw.decode("utf-8", "backslashreplace")
+        raw = text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def is_sqlite_int(value: int) -> bool:
