@@ -4,8 +4,8 @@ statistics counted on the device. Run it beside ``bench_e2e.py`` (same shapes, s
 ``--decode`` lengths) to see that the app gets the benchmark's speed.
 
 Configurations, each in its own process, one after the other: ``flash`` (``--dense``: vLLM's own FLASH_ATTN),
-``locks`` (statistics on, as the app runs) and ``locks-nostats`` (``EngineOptions.stats=False``: the cost of the
-statistics). Per context: prefill (first request, timed), then TPOT as in ``bench_e2e.py``: the cached prompt
+``locks`` (statistics on, as the app runs), ``locks-nostats`` (``EngineOptions.stats=False``: the cost of the
+statistics) and ``locks-2l`` (``LocksConfig(selection="two-level")`` with ``--candidates``, statistics on). Per context: prefill (first request, timed), then TPOT as in ``bench_e2e.py``: the cached prompt
 again, ``n1`` and ``n2`` tokens, ``(t2 - t1) / (n2 - n1)``, ``--reps`` times (median, min, max). Also: eager
 decode calls of the attention backend after the start (``locks_bench.probes``; expected 0: every decode step a
 CUDA-graph replay), the pages read from the statistics ring, and the bytes of the KV cache and the summaries.
@@ -33,7 +33,7 @@ from locks_bench.engines import run_engine_process
 from locks_bench.probes import install_probes, kv_cache_bytes, read_probes
 from locks_bench.results import header
 
-CONFIGS = ("flash", "locks", "locks-nostats")
+CONFIGS = ("flash", "locks", "locks-nostats", "locks-2l")
 
 
 def timed(engine, prompt: list[int], tokens: int) -> tuple[float, list[dict]]:
@@ -42,6 +42,13 @@ def timed(engine, prompt: list[int], tokens: int) -> tuple[float, list[dict]]:
     for event in engine.stream(prompt, tokens, ignore_eos=True):
         records += event.stats
     return time.perf_counter() - start, records
+
+
+def selection_settings(args: argparse.Namespace) -> dict:
+    """``LocksConfig``'s ``selection`` and ``candidates``: two-level for ``locks-2l``, else the flat scan."""
+    if args.config != "locks-2l":
+        return {"selection": "flat"}
+    return {"selection": "two-level", "candidates": tuple(parse_ints(args.candidates))}
 
 
 def run_config(args: argparse.Namespace) -> dict:
@@ -60,12 +67,13 @@ def run_config(args: argparse.Namespace) -> dict:
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     options = EngineOptions(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, max_model_len=max_len,
-        locks=LocksConfig(budget=args.budget, dense=args.config == "flash"), stats=args.config != "locks-nostats",
+        locks=LocksConfig(budget=args.budget, dense=args.config == "flash", **selection_settings(args)),
+        stats=args.config != "locks-nostats",
     )
     start = time.perf_counter()
     engine = LocksEngine(options)
     result = {**header("bench_app_engine.py", sys.argv[1:]), "config": args.config, "shape": args.shape,
-              "budget": args.budget, "start_s": round(time.perf_counter() - start, 1), "contexts": []}
+              "budget": args.budget, **selection_settings(args), "start_s": round(time.perf_counter() - start, 1), "contexts": []}
     try:
         engine.llm.apply_model(install_probes)
         result["kv_cache_bytes"] = sum(engine.llm.apply_model(kv_cache_bytes))
@@ -103,6 +111,7 @@ def main() -> int:
     parser.add_argument("--decode", default="16,80", help="n1,n2 tokens (as bench_e2e.py)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget in tokens")
+    parser.add_argument("--candidates", default="4", help="locks-2l: c, one value or one per layer, comma separated")
     parser.add_argument("--timeout", type=float, default=400, help="seconds per configuration")
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", help=argparse.SUPPRESS)  # the child process's configuration
