@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import inspect
 import json
 import os
 import time
@@ -155,8 +156,12 @@ def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
         h, hq, d = SHAPES[shape]
         s = Setup(h, hq, d, 1, ctx, cfg)
         table, lens = s.views(ctx)
+        if "budget_pages" in inspect.signature(old.decode_step).parameters:  # the API of today's kernels
+            step_old = lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False)  # noqa: E731
+        else:  # the API up to abb3e44: the summary store and the LocksConfig
+            step_old = lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.store, cfg, build=False)  # noqa: E731
         steps = {
-            "old": lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.store, cfg, build=False),
+            "old": step_old,
             "new": lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False),
         }
         (out_old, lse_old), (out_new, lse_new) = steps["old"](), steps["new"]()
