@@ -138,6 +138,7 @@ def test_engine_env_is_offline_and_picks_the_cpu_backend():
     assert (dense["LOCKS_OVERRIDE_CPU_ATTN"], locks["LOCKS_OVERRIDE_CPU_ATTN"]) == ("0", "1")
     assert (dense["VLLM_CPU_KVCACHE_SPACE"], locks["VLLM_CPU_KVCACHE_SPACE"]) == ("1", "3")
     assert int(dense["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"]) >= 3600
+    assert dense["VLLM_USE_FLASHINFER_SAMPLER"] == locks["VLLM_USE_FLASHINFER_SAMPLER"] == "0"  # greedy; no JIT
 
 
 def test_task_metadata_names_the_local_tokenizer():
