@@ -281,8 +281,22 @@ def test_script_refuses_bad_input_in_one_line(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_prepare_docs_needs_a_cache(tmp_path):
+    model = tmp_path / "MODEL"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    tables = tmp_path / "nltk" / ruler.PUNKT_TAB
+    tables.mkdir(parents=True)
+    for name in ("abbrev_types.txt", "collocations.tab", "sent_starters.txt", "ortho_context.tab"):
+        (tables / name).write_text("")
+    out = run_script("--model", "MODEL", "--prepare-docs", "--no-docs-cache", "--nltk-data", str(tmp_path / "nltk"),
+                     cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == "bench_ruler: --prepare-docs needs a --docs-cache\n"
+
+
 def test_harness_modules_do_not_import_lm_eval_or_vllm():
-    code = ("import sys, locks_bench.ruler, locks_bench.ruler_results; "
+    code = ("import sys, locks_bench.ruler, locks_bench.ruler_results, locks_bench.ruler_docs; "
             "print(sorted(m for m in ('lm_eval', 'vllm', 'nltk') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
