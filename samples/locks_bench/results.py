@@ -70,15 +70,20 @@ def commit() -> str | None:
 def command(script: str, argv: list[str] | None = None, placeholders: dict[str, str] | None = None) -> list[str]:
     """The command line as argv strings: ``["python", "samples/<script>", *argv]`` with the value of each option
     in ``placeholders`` (``{"--model": "MODEL_DIR"}``; ``{name}`` in a placeholder is the file name) replaced, and
-    absolute paths given to ``--out`` /
-    ``--out-dir`` / ``--json`` replaced by ``OUT``. ``argv`` defaults to ``sys.argv[1:]``."""
+    absolute paths given to ``--out`` / ``--out-dir`` / ``--json`` replaced by ``OUT``. Any other absolute path is
+    written relative to the repository when it lies inside it, else as its file name alone: a result names no
+    folder of the machine it ran on. ``argv`` defaults to ``sys.argv[1:]``."""
     placeholders = {**{o: "OUT" for o in ("--out", "--out-dir", "--json")}, **(placeholders or {})}
     words, previous = [], None
     for word in sys.argv[1:] if argv is None else argv:
+        word = str(word)
         if previous in placeholders and (Path(word).is_absolute() or placeholders[previous] != "OUT"):
             word = placeholders[previous].format(name=Path(word).name)
-        words.append(str(word))
-        previous = word if str(word).startswith("--") else None
+        elif Path(word).is_absolute():
+            path = Path(word)
+            word = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+        words.append(word)
+        previous = word if word.startswith("--") else None
     return ["python", f"samples/{script}", *words]
 
 
