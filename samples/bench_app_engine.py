@@ -5,10 +5,11 @@ statistics counted on the device. Run it beside ``bench_e2e.py`` (same shapes, s
 
 Configurations, each in its own process, one after the other: ``flash`` (``--dense``: vLLM's own FLASH_ATTN),
 ``locks`` (statistics on, as the app runs), ``locks-nostats`` (``EngineOptions.stats=False``: the cost of the
-statistics) and ``locks-2l`` (``LocksConfig(selection="two-level")`` with ``--candidates``, statistics on). Per context: prefill (first request, timed), then TPOT as in ``bench_e2e.py``: the cached prompt
-again, ``n1`` and ``n2`` tokens, ``(t2 - t1) / (n2 - n1)``, ``--reps`` times (median, min, max). Also: eager
-decode calls of the attention backend after the start (``locks_bench.probes``; expected 0: every decode step a
-CUDA-graph replay), the pages read from the statistics ring, and the bytes of the KV cache and the summaries.
+statistics) and ``locks-2l`` (``LocksConfig(selection="two-level")`` with ``--candidates``, statistics on). Per
+context: prefill (first request, timed), then TPOT as in ``bench_e2e.py``: the cached prompt again, ``n1`` and
+``n2`` tokens, ``(t2 - t1) / (n2 - n1)``, ``--reps`` times (median, min, max). Also: eager decode calls of the
+attention backend after the start (``locks_bench.probes``; expected 0: every decode step a CUDA-graph replay), the
+pages read from the statistics ring, and the bytes of the KV cache and the summaries.
 
 Usage (GPU machine; vLLM 0.26 and this project installed; under 10 minutes)::
 
@@ -28,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from locks_bench.e2e import SHAPES, model_config, parse_ints
+from locks_bench.e2e import SHAPES, model_config, parse_ints, selection_settings
 from locks_bench.engines import run_engine_process
 from locks_bench.probes import install_probes, kv_cache_bytes, read_probes
 from locks_bench.results import header
@@ -42,13 +43,6 @@ def timed(engine, prompt: list[int], tokens: int) -> tuple[float, list[dict]]:
     for event in engine.stream(prompt, tokens, ignore_eos=True):
         records += event.stats
     return time.perf_counter() - start, records
-
-
-def selection_settings(args: argparse.Namespace) -> dict:
-    """``LocksConfig``'s ``selection`` and ``candidates``: two-level for ``locks-2l``, else the flat scan."""
-    if args.config != "locks-2l":
-        return {"selection": "flat"}
-    return {"selection": "two-level", "candidates": tuple(parse_ints(args.candidates))}
 
 
 def run_config(args: argparse.Namespace) -> dict:
@@ -67,13 +61,15 @@ def run_config(args: argparse.Namespace) -> dict:
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     options = EngineOptions(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, max_model_len=max_len,
-        locks=LocksConfig(budget=args.budget, dense=args.config == "flash", **selection_settings(args)),
+        locks=LocksConfig(budget=args.budget, dense=args.config == "flash",
+                          **selection_settings(args.config, args.candidates)),
         stats=args.config != "locks-nostats",
     )
     start = time.perf_counter()
     engine = LocksEngine(options)
     result = {**header("bench_app_engine.py", sys.argv[1:]), "config": args.config, "shape": args.shape,
-              "budget": args.budget, **selection_settings(args), "start_s": round(time.perf_counter() - start, 1), "contexts": []}
+              "budget": args.budget, **selection_settings(args.config, args.candidates),
+              "start_s": round(time.perf_counter() - start, 1), "contexts": []}
     try:
         engine.llm.apply_model(install_probes)
         result["kv_cache_bytes"] = sum(engine.llm.apply_model(kv_cache_bytes))

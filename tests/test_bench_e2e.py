@@ -447,3 +447,12 @@ def test_step_bytes_counts_every_summary_and_the_selected_pages() -> None:
     half = e2e_fit.step_bytes("llama3.1-8b", 2, 131072, 3, "colwise8", 8, 16, 128 / 8192)
     assert half["dense_bytes_per_layer"] == 3 * got["dense_bytes_per_layer"] // 2
     assert half["bytes_ratio"] == got["bytes_ratio"]
+
+
+def test_selection_settings_of_the_benchmarks_configurations():
+    """bench_e2e's backends and bench_app_engine's configurations name the selection the same way."""
+    two_level = e2e.selection_settings("locks-2l", "4,8")
+    assert two_level == {"selection": "two-level", "candidates": (4, 8)}
+    assert LocksConfig(**two_level).layer_candidates(1) == 8
+    for name in ("locks", "locks-nostats", "flash"):
+        assert e2e.selection_settings(name, "4") == {"selection": "flat"}

@@ -77,6 +77,14 @@ def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def selection_settings(name: str, candidates: str) -> dict:
+    """``LocksConfig``'s ``selection`` and ``candidates`` for a backend or configuration ``name``: the two-level
+    selection with ``candidates`` (``"4"`` or one ``c`` per layer, comma-separated) for ``locks-2l``, else flat."""
+    if name != "locks-2l":
+        return {"selection": "flat"}
+    return {"selection": "two-level", "candidates": tuple(parse_ints(candidates))}
+
+
 def parse_batches(text: str) -> dict[int, int]:
     """``"131072:5,262144:2"`` -> {131072: 5, 262144: 2} (contexts not named run batch 1 only)."""
     out = {}

