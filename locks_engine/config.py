@@ -9,7 +9,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 #: Summary storage formats (see ``locks_engine/ops/summaries.py`` for the exact layouts).
-SUMMARY_FORMATS = ("float", "paper", "colwise", "chanlog", "colwise8")
+#: LOCKS' own page summaries (a centroid, a page-local basis and coefficients).
+LOCKS_FORMATS = ("float", "paper", "colwise", "chanlog", "colwise8")
+#: The baseline formats: Quest's per-channel key bounds, for comparisons through the same backend.
+QUEST_FORMATS = ("quest", "quest2", "quest4")
+SUMMARY_FORMATS = LOCKS_FORMATS + QUEST_FORMATS
 #: How a decode step finds the pages worth reading (``locks_engine/ops/superpages.py`` for ``two-level``).
 SELECTIONS = ("flat", "two-level")
 
@@ -31,7 +35,10 @@ class LocksConfig:
     """How summaries are stored: ``float`` (fp32, reference), ``paper`` (int8 centroid, int4 basis,
     int8 coefficients, one scale per tensor per page), ``colwise`` (fp16 centroid, int4 basis and
     int8 coefficients with one scale per basis direction), ``chanlog`` (as ``colwise``, but one
-    1-byte log2 scale per channel of the int4 basis) or ``colwise8`` (as ``colwise`` with an int8 basis)."""
+    1-byte log2 scale per channel of the int4 basis) or ``colwise8`` (as ``colwise`` with an int8 basis).
+    ``quest``, ``quest2``, ``quest4``: not LOCKS but the Quest baseline (Tang et al., ICML 2024, Section 3) through
+    the same backend, for comparisons: the fp16 channel minimum and maximum of the keys of each page (``quest``)
+    or of each of its 2 or 4 equal chunks, scored by Quest's upper bound; the flat selection only, CPU path only."""
     dense: bool = False
     """A/B switch: read every page (dense attention) instead of selecting."""
     selection: str = "flat"
@@ -60,8 +67,18 @@ class LocksConfig:
             )
         if not isinstance(self.dense, bool):
             raise ValueError(f"LocksConfig.dense={self.dense!r}: allowed True or False")
+        if self.summary_format in QUEST_FORMATS and self.page_size % quest_chunks(self.summary_format):
+            raise ValueError(
+                f"LocksConfig.summary_format={self.summary_format!r} splits a page into "
+                f"{quest_chunks(self.summary_format)} chunks: page_size={self.page_size} must be a multiple of it"
+            )
         if self.selection not in SELECTIONS:
             raise ValueError(f"LocksConfig.selection={self.selection!r}: allowed {', '.join(SELECTIONS)}")
+        if self.selection != "flat" and self.summary_format in QUEST_FORMATS:
+            raise ValueError(
+                f"LocksConfig.summary_format={self.summary_format!r} has no page centroids for superpages: "
+                f"allowed with selection 'flat' only"
+            )
         if isinstance(self.candidates, list):
             object.__setattr__(self, "candidates", tuple(self.candidates))
         if (not isinstance(self.candidates, tuple) or not self.candidates
@@ -129,6 +146,14 @@ class LocksConfig:
         if unknown:
             raise ValueError(f"LocksConfig: unknown setting(s) {unknown}: allowed {sorted(names)}")
         return cls(**values)
+
+
+def quest_chunks(summary_format: str) -> int:
+    """Chunks a page's Quest bounds cover: 1 for ``quest``, 2 for ``quest2``, 4 for ``quest4``; 0 for a LOCKS
+    format."""
+    if summary_format not in QUEST_FORMATS:
+        return 0
+    return int(summary_format.removeprefix("quest") or 1)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

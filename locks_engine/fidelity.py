@@ -119,7 +119,7 @@ class DecodeSteps:
             scores = self._locks_scores(cfg, rotation)
         elif selector == "quest":
             store = build_quest_summaries(self.k_pages)
-            kmin, kmax = store.key_min[:, 0].float(), store.key_max[:, 0].float()  # [P, D]
+            kmin, kmax = store.key_min[:, 0, 0].float(), store.key_max[:, 0, 0].float()  # [P, D]
             # sum_d max(q_d min_d, q_d max_d): max_d where q_d > 0, min_d where q_d < 0 (Quest's bound)
             pos = self.q.clamp_min(0)
             bound = torch.einsum("tgd,pd->tgp", pos, kmax) + torch.einsum("tgd,pd->tgp", self.q - pos, kmin)

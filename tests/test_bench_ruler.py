@@ -30,14 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
     ("locks:5%", Setting("locks", percent=5.0), "locks:5%"),
     ("locks:0.5%", Setting("locks", percent=0.5), "locks:0.5%"),
     ("locks:100%", Setting("locks", percent=100.0), "locks:100%"),
-], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all"])
+    ("locks:5%:quest4", Setting("locks", percent=5.0, selection="quest4"), "locks:5%:quest4"),
+    ("locks:2048:quest", Setting("locks", budget=2048, selection="quest"), "locks:2048:quest"),
+], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all", "quest4", "quest"])
 def test_parse_setting(text, setting, name):
     assert parse_setting(text) == setting
     assert parse_setting(text).name == name
 
 
 @pytest.mark.parametrize("text", ["locks", "locks:", "locks:0", "locks:-16", "locks:abc", "locks:0%", "locks:150%",
-                                  "locks:nan%", "locks:inf%", "quest:5%", "sparse", "locks:2048tokens"])
+                                  "locks:nan%", "locks:inf%", "quest:5%", "sparse", "locks:2048tokens",
+                                  "locks:5%:quest3", "locks:5%:quest4:c=4"])
 def test_parse_setting_refuses_with_one_line(text):
     with pytest.raises(RulerError) as err:
         parse_setting(text)
@@ -380,3 +383,11 @@ def test_two_level_settings_parse_and_build_their_config():
     for bad in ("locks:5%:tree", "locks:5%:c=", "locks:5%:c=-1", "dense:study"):
         with pytest.raises(RulerError, match="two-level"):
             parse_setting(bad)
+
+
+def test_a_quest_setting_is_the_flat_scan_over_quest_bounds_at_the_same_budget():
+    quest = ruler.locks_settings(parse_setting("locks:5%:quest4"), 4096)
+    locks = ruler.locks_settings(parse_setting("locks:5%"), 4096)
+    assert quest.summary_format == "quest4" and quest.selection == "flat"
+    assert quest.budget == locks.budget == 208
+    assert parse_setting("locks:5%:quest4").candidates == ()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from locks_engine import LocksConfig
-from locks_engine.config import SUMMARY_FORMATS
+from locks_engine.config import LOCKS_FORMATS
 from locks_engine.ops import (
     build_cache_summaries,
     build_page_summaries,
@@ -62,7 +62,7 @@ def test_quantized_score_error_within_stated_bounds(fmt, head_dim):
         assert (err <= page_bound.T + 1e-4).all()
 
 
-@pytest.mark.parametrize("fmt", SUMMARY_FORMATS)
+@pytest.mark.parametrize("fmt", LOCKS_FORMATS)
 def test_degenerate_pages_give_finite_summaries(fmt):
     keys = torch.zeros(3, 16, 2, 64)
     keys[1] = 5.0  # identical keys: zero spread
@@ -76,7 +76,7 @@ def test_degenerate_pages_give_finite_summaries(fmt):
 
 def test_summary_sizes_from_allocated_tensors(capsys):
     rows = {}
-    for fmt in SUMMARY_FORMATS:
+    for fmt in LOCKS_FORMATS:
         for rank in (2, 8):
             summary, kv = summary_bytes(16, rank, 128, fmt, torch.bfloat16)
             rows[fmt, rank] = summary / kv

@@ -20,7 +20,7 @@ from locks_engine.config import LocksConfig
 from locks_engine.ops.paging import gather_pages, page_token_mask, physical_page_ids
 from locks_engine.ops.quant import dequantize, quantize_symmetric
 from locks_engine.ops.score import expand_kv_heads, mask_incomplete
-from locks_engine.ops.summaries import PageSummaries, summary_bytes
+from locks_engine.ops.summaries import PageSummaries, QuestSummaries, build_quest_summaries, summary_bytes
 
 
 def oracle_scores(
@@ -44,41 +44,37 @@ def oracle_scores(
     return mask_incomplete(scores, seq_lens, page_size)
 
 
-@dataclass
-class QuestSummaries(PageSummaries):
-    """Per-page channel minimum and maximum of the keys (``centroid``/``basis``/``coeffs`` unused, empty)."""
-
-    key_min: Tensor | None = None
-    """`[P, H, D]` fp16."""
-    key_max: Tensor | None = None
-    """`[P, H, D]` fp16."""
-
-
-def build_quest_summaries(keys: Tensor) -> QuestSummaries:
-    """Quest page summaries from keys `[P, B, H, D]` (fp16 min and max per channel: ``4 D`` bytes per head)."""
-    empty = keys.new_zeros((keys.shape[0], 0))
-    return QuestSummaries(
-        "quest", empty, empty, empty,
-        key_min=keys.amin(dim=1).to(torch.float16), key_max=keys.amax(dim=1).to(torch.float16),
-    )
-
-
 def quest_scores(
     q: Tensor, store: QuestSummaries, block_table: Tensor, seq_lens: Tensor, page_size: int, block_size: int,
     scale: float | None = None,
 ) -> Tensor:
-    """Quest's upper bound as a log mass: ``log B + scale * sum_d max(q_d min_d, q_d max_d)``.
+    """Quest's upper bound as a log mass (Tang et al., ICML 2024, Section 3, Eq. 1 per chunk): for each of a
+    page's ``n`` chunks of ``B / n`` keys, ``log(B / n) + scale * sum_d max(q_d min_d, q_d max_d)``, and over the
+    chunks their logsumexp (``n = 1``: ``log B`` plus the page's bound, Quest's own score).
 
+    Args:
+        q (Tensor): `[S, HQ, D]`. store (QuestSummaries): bounds by physical page id, `[num_blocks * ppb, H, n, D]`.
+        block_table (Tensor): `[S, max_blocks]`; seq_lens (Tensor): `[S]` tokens.
+        page_size (int): B; block_size (int): tokens per KV cache block (a multiple of B).
+        scale (float | None): softmax scale, default ``D ** -0.5``.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``-inf`` for incomplete pages.
     """
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    ids = physical_page_ids(block_table, block_size // page_size)
-    kmin = expand_kv_heads(store.key_min[ids].float(), q.shape[1], 2)  # [S, Pmax, HQ, D]
-    kmax = expand_kv_heads(store.key_max[ids].float(), q.shape[1], 2)
-    qf = q.float().unsqueeze(1)  # [S, 1, HQ, D]
-    bound = torch.maximum(qf * kmin, qf * kmax).sum(-1)  # [S, Pmax, HQ]
-    return mask_incomplete((math.log(page_size) + scale * bound).transpose(1, 2), seq_lens, page_size)
+    seqs, num_q_heads, dim = q.shape
+    scale = dim**-0.5 if scale is None else scale
+    ids = physical_page_ids(block_table, block_size // page_size).reshape(-1).long()  # [S * Pmax]
+    heads, chunks = store.key_min.shape[1], store.key_min.shape[2]
+    qg = q.float().view(seqs, heads, num_q_heads // heads, dim)  # [S, H, G, D]
+    positive = qg.clamp_min(0)
+
+    def gathered(bounds: Tensor) -> Tensor:  # [S, H, Pmax * n, D]
+        return bounds.index_select(0, ids).float().view(seqs, -1, heads, chunks, dim).transpose(1, 2).flatten(2, 3)
+
+    # sum_d max(q_d min_d, q_d max_d): the maximum where q_d > 0, the minimum where q_d < 0
+    bound = (torch.matmul(positive, gathered(store.key_max).transpose(-1, -2))
+             + torch.matmul(qg - positive, gathered(store.key_min).transpose(-1, -2)))  # [S, H, G, Pmax * n]
+    chunk = math.log(page_size / chunks) + scale * bound.view(seqs, num_q_heads, -1, chunks)
+    return mask_incomplete(torch.logsumexp(chunk, dim=-1), seq_lens, page_size)
 
 
 @dataclass

@@ -27,6 +27,11 @@ Storage formats (``LocksConfig.summary_format``; scales fp16):
   matrix units (``kernels/NOTES.md``).
   About 17.6% of bf16 K+V at B=16, r=8, D=128 (1,440 B), 19.5% at D=64 (800 B).
 
+- ``quest``, ``quest2``, ``quest4``: not LOCKS' summary but Quest's (Tang et al., ICML 2024, Section 3), the
+  baseline run through the same backend: the fp16 channel minimum and maximum `[n, D]` of the keys of each page
+  (``n = 1``) or of each of its ``n = 2`` or ``4`` equal chunks (:class:`QuestSummaries`; scored by
+  ``ops.baselines.quest_scores``). ``4 n D`` bytes: 256, 512, 1,024 B at D=64 (LOCKS' ``colwise8``: 800 B).
+
 In the quantized formats the coefficients are fitted to the *stored* centroid and basis (least squares
 against the dequantized basis), so rounding of the basis is partly absorbed by the coefficients.
 """
@@ -38,7 +43,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from locks_engine.config import LocksConfig
+from locks_engine.config import LocksConfig, quest_chunks
 from locks_engine.ops.paging import complete_page_mask, gather_pages, pages_per_block, physical_page_ids
 from locks_engine.ops.quant import (
     dequantize, log2_scale, pack_int4, quantize_log2_scale, quantize_symmetric, unpack_int4,
@@ -127,8 +132,30 @@ class PageSummaries:
         return dequantize(self.coeffs, self.coeffs_scale)
 
 
+@dataclass
+class QuestSummaries(PageSummaries):
+    """Quest's page summaries (``summary_format`` ``quest``, ``quest2``, ``quest4``): the channel minimum and
+    maximum of the keys of each of a page's ``n`` chunks; ``centroid``, ``basis`` and ``coeffs`` are empty
+    (`[P, H, 0]`)."""
+
+    key_min: Tensor | None = None
+    """`[P, H, n, D]` fp16: chunk ``i`` covers tokens ``[i B / n, (i + 1) B / n)`` of the page."""
+    key_max: Tensor | None = None
+    """`[P, H, n, D]` fp16."""
+
+    @property
+    def chunks(self) -> int:
+        """``n``, the chunks a page's bounds cover."""
+        return self.key_min.shape[2]
+
+
 def _layout(cfg: LocksConfig, heads: int, dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     r, b = cfg.rank, cfg.page_size
+    chunks = quest_chunks(cfg.summary_format)
+    if chunks:
+        empty = ((heads, 0), torch.float16)
+        bounds = ((heads, chunks, dim), torch.float16)
+        return {"centroid": empty, "basis": empty, "coeffs": empty, "key_min": bounds, "key_max": bounds}
     if cfg.summary_format == "float":
         return {
             "centroid": ((heads, dim), torch.float32),
@@ -163,7 +190,8 @@ def allocate_page_summaries(
         name: torch.zeros((num_pages, *shape), dtype=dtype, device=device)
         for name, (shape, dtype) in _layout(cfg, num_kv_heads, head_dim).items()
     }
-    return PageSummaries(summary_format=cfg.summary_format, **tensors)
+    cls = QuestSummaries if quest_chunks(cfg.summary_format) else PageSummaries
+    return cls(summary_format=cfg.summary_format, **tensors)
 
 
 def write_page_summaries(store: PageSummaries, page_ids: Tensor, new: PageSummaries) -> None:
@@ -204,6 +232,8 @@ def build_page_summaries(keys: Tensor, cfg: LocksConfig) -> PageSummaries:
     """
     if keys.dim() != 4 or keys.shape[1] != cfg.page_size:
         raise ValueError(f"keys must have shape [P, {cfg.page_size}, H, D], got {list(keys.shape)}")
+    if quest_chunks(cfg.summary_format):
+        return build_quest_summaries(keys, cfg.summary_format)
     k = keys.permute(0, 2, 1, 3).double()  # [P, H, B, D]
     mu = k.mean(dim=2)  # [P, H, D]
     _layout(cfg, k.shape[1], k.shape[3])
@@ -232,6 +262,33 @@ def build_page_summaries(keys: Tensor, cfg: LocksConfig) -> PageSummaries:
     coeffs = centered @ basis.transpose(-1, -2) @ torch.linalg.pinv(gram, hermitian=True)
     stored["coeffs"], stored["coeffs_scale"] = quantize_symmetric(coeffs, (-2, -1) if fmt == "paper" else (-2,), 8)
     return PageSummaries(fmt, **stored)
+
+
+def build_quest_summaries(keys: Tensor, summary_format: str = "quest") -> QuestSummaries:
+    """Quest's summaries of complete pages of keys `[P, B, H, D]`: the fp16 channel minimum and maximum of each of
+    a page's ``n`` equal chunks (Tang et al., ICML 2024, Section 3; ``n = 1`` is Quest's own page bound).
+
+    Args:
+        keys (Tensor): post-RoPE keys `[P, B, H, D]`, any float dtype.
+        summary_format (str): ``quest`` (``n = 1``), ``quest2`` or ``quest4``.
+    Returns:
+        QuestSummaries: ``key_min`` and ``key_max`` `[P, H, n, D]` fp16 on ``keys.device``.
+    Raises:
+        ValueError: ``summary_format`` is not a Quest format, or ``B`` is not a multiple of ``n``.
+    """
+    chunks = quest_chunks(summary_format)
+    if not chunks:
+        raise ValueError(f"summary_format={summary_format!r} is not a Quest format: allowed quest, quest2, quest4")
+    pages, size, heads, dim = keys.shape
+    if size % chunks:
+        raise ValueError(f"{summary_format}: a page of {size} keys does not split into {chunks} equal chunks")
+    split = keys.view(pages, chunks, size // chunks, heads, dim)
+    empty = keys.new_zeros((pages, heads, 0), dtype=torch.float16)
+    return QuestSummaries(
+        summary_format, empty, empty, empty,
+        key_min=split.amin(dim=2).transpose(1, 2).to(torch.float16).contiguous(),
+        key_max=split.amax(dim=2).transpose(1, 2).to(torch.float16).contiguous(),
+    )
 
 
 def build_cache_summaries(

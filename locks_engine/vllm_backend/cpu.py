@@ -14,8 +14,10 @@ import torch
 from torch import Tensor
 
 from locks_engine.ops import (
+    QuestSummaries,
     attend_selected_pages,
     build_page_summaries,
+    quest_scores,
     score_pages,
     select_pages,
     sparse_paged_attention,
@@ -101,7 +103,7 @@ class CpuPath:
     def select(self, q: Tensor, kv_cache: Tensor, selection: Selection, meta: LocksMetadata
                ) -> tuple[Tensor, Tensor, bool, Tensor]:
         """Score and select for the decode rows (paper Sections 3.2-3.3; ``ops.superpages`` for the two-level
-        scan), or every page where that reads fewer bytes.
+        scan; Quest's bound for the ``quest`` formats), or every page where that reads fewer bytes.
 
         Args:
             q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
@@ -128,7 +130,8 @@ class CpuPath:
                                                self.num_kv_heads, cfg, selection.candidates, block_size, self.scale)
             scanned = scanned_summaries(pages, seq_lens, cfg.page_size, coarse_fraction(cfg, self.head_size))
         else:
-            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, self.scale)
+            score = quest_scores if isinstance(store, QuestSummaries) else score_pages
+            scores = score(q, store, block_table, seq_lens, cfg.page_size, block_size, self.scale)
             selected = select_pages(scores, seq_lens, self.num_kv_heads, cfg)
             scanned = (seq_lens.long() // cfg.page_size).sum(dtype=torch.float32)
         return trim_selected(selected), block_table, every, scanned

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from locks_bench.candidates import parse_candidates
-from locks_engine.config import LocksConfig
+from locks_engine.config import QUEST_FORMATS, LocksConfig
 
 #: RULER tasks of lm-eval that build their data from a tokenizer alone (the others download essays or QA sets)
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
@@ -77,7 +77,8 @@ class Setting:
     """LOCKS' budget as a percentage of the context (0 < percent <= 100), when given so."""
     selection: str = ""
     """``""``: the flat scan; ``"study"`` or ``"c=N,..."``: the two-level selection with that ``candidates``
-    (``locks_bench.selection_policy.parse_candidates``)."""
+    (``locks_bench.candidates.parse_candidates``); ``"quest"``, ``"quest2"``, ``"quest4"``: the Quest baseline's
+    page bounds in place of LOCKS' summaries (``LocksConfig.summary_format``), the flat scan."""
 
     @property
     def name(self) -> str:
@@ -91,27 +92,28 @@ class Setting:
     @property
     def candidates(self) -> tuple[int, ...]:
         """``LocksConfig.candidates`` of a two-level setting (empty for the flat scan)."""
-        if not self.selection:
+        if not self.selection or self.selection in QUEST_FORMATS:
             return ()
         return parse_candidates(self.selection.removeprefix("c="))
 
 
 def parse_setting(text: str) -> Setting:
     """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``; a LOCKS setting may end in ``:study`` or
-    ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``).
+    ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``),
+    or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget.
 
     Raises:
         RulerError: anything else, naming the text and the allowed forms.
     """
     word = text.strip().lower()
     allowed = ("allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%), optionally followed by "
-               ":study or :c=N (two-level selection)")
+               ":study or :c=N (two-level selection), or :quest, :quest2, :quest4 (the Quest baseline)")
     if word == "dense":
         return Setting("dense")
     mode, _, rest = word.partition(":")
     value, _, selection = rest.partition(":")
     try:
-        if selection:
+        if selection and selection not in QUEST_FORMATS:
             Setting("locks", budget=1, selection=selection).candidates  # noqa: B018 (checks the text)
             if selection != "study" and not selection.startswith("c="):
                 raise ValueError(selection)
@@ -148,9 +150,14 @@ def locks_settings(setting: Setting, context: int) -> LocksConfig:
     Raises:
         RulerError: the budget is too small for the pages always read (the config's one-line reason).
     """
-    two_level = {"selection": "two-level", "candidates": setting.candidates} if setting.selection else {}
+    if setting.selection in QUEST_FORMATS:
+        chosen = {"summary_format": setting.selection}
+    elif setting.selection:
+        chosen = {"selection": "two-level", "candidates": setting.candidates}
+    else:
+        chosen = {}
     try:
-        return LocksConfig(budget=budget_tokens(setting, context), **two_level)
+        return LocksConfig(budget=budget_tokens(setting, context), **chosen)
     except ValueError as err:
         raise RulerError(f"setting {setting.name}: {err}") from None
 
