@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from locks_engine.config import LocksConfig
+from locks_engine.config import QUEST_FORMATS, LocksConfig
 from locks_engine.ops import (
     build_page_summaries,
     build_quest_summaries,
@@ -104,7 +104,8 @@ class DecodeSteps:
 
     def scores(self, selector: str, cfg: LocksConfig, rotation: Tensor | None = None) -> Tensor:
         """Estimated log masses `[T, G, P]` of a selector (``-inf`` for pages not complete at a step):
-        ``oracle``, ``locks`` (``cfg``'s rank and format), ``quest``, ``shared`` (rank ``cfg.rank``),
+        ``oracle``, ``locks`` (``cfg``'s rank and format), ``quest`` (``cfg``'s Quest format, else ``quest``:
+        bounds per page), ``shared`` (rank ``cfg.rank``),
         ``shared-bytes`` (rank at LOCKS's bytes), ``window``.
 
         Args:
@@ -118,12 +119,14 @@ class DecodeSteps:
         elif selector == "locks":
             scores = self._locks_scores(cfg, rotation)
         elif selector == "quest":
-            store = build_quest_summaries(self.k_pages)
-            kmin, kmax = store.key_min[:, 0, 0].float(), store.key_max[:, 0, 0].float()  # [P, D]
-            # sum_d max(q_d min_d, q_d max_d): max_d where q_d > 0, min_d where q_d < 0 (Quest's bound)
+            fmt = cfg.summary_format if cfg.summary_format in QUEST_FORMATS else "quest"
+            store = build_quest_summaries(self.k_pages, fmt)
+            kmin, kmax = store.key_min[:, 0].float(), store.key_max[:, 0].float()  # [P, n, D]
+            # sum_d max(q_d min_d, q_d max_d): max_d where q_d > 0, min_d where q_d < 0 (Quest's bound), per chunk
             pos = self.q.clamp_min(0)
-            bound = torch.einsum("tgd,pd->tgp", pos, kmax) + torch.einsum("tgd,pd->tgp", self.q - pos, kmin)
-            scores = math.log(self.page_size) + self.scale * bound
+            bound = torch.einsum("tgd,pnd->tgpn", pos, kmax) + torch.einsum("tgd,pnd->tgpn", self.q - pos, kmin)
+            chunks = kmin.shape[1]
+            scores = torch.logsumexp(math.log(self.page_size / chunks) + self.scale * bound, dim=-1)
         elif selector in ("shared", "shared-bytes"):
             scores = self._shared_scores(cfg, selector)
         elif selector == "window":

@@ -27,7 +27,8 @@ def parse_args(argv):
     ap.add_argument("--results", nargs="+", required=True, help="bench_ruler result files (dense and LOCKS runs)")
     ap.add_argument("--task", default="ruler_cwe")
     ap.add_argument("--length", type=int, default=4096, help="RULER length (tokens)")
-    ap.add_argument("--setting", default="locks:5%", help="the LOCKS setting of the run (locks:TOKENS|PERCENT%%)")
+    ap.add_argument("--setting", default="locks:5%",
+                    help="the LOCKS setting of the run (locks:TOKENS|PERCENT%%, optionally :quest|:quest2|:quest4)")
     ap.add_argument("--doc-id", type=int, help="sample (default: the one LOCKS scores lowest against dense)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     out = run(args, p)
     print("\n".join(table(out)))
     t = out["totals"]
-    print(f"mass kept: LOCKS {t['kept_mean']:.3f} (worst layer per step, mean {t['kept_worst_layer_mean']:.3f}), "
+    print(f"mass kept: {p['setting']} {t['kept_mean']:.3f} (worst layer per step, mean {t['kept_worst_layer_mean']:.3f}), "
           f"oracle {t['oracle_kept_mean']:.3f} at {out['budget_pages']} pages of {out['prompt_pages']}; "
           f"{out['pages_with_an_expected_word']} pages hold an expected word; the forced pages alone hold "
           f"{t['forced_kept_mean']:.3f}; 90% of the mass needs {t['pages_for_90_mean']:.0f} pages (mean); "

@@ -34,7 +34,8 @@ def ops_scores(steps: DecodeSteps, selector: str, cfg: LocksConfig) -> torch.Ten
     if selector == "locks":
         return score_pages(steps.q, build_cache_summaries(k_cache, block_table, steps.seq_lens, cfg), *args, PAGE)
     if selector == "quest":
-        return quest_scores(steps.q, build_quest_summaries(k_cache), *args, PAGE)
+        fmt = cfg.summary_format if cfg.summary_format.startswith("quest") else "quest"
+        return quest_scores(steps.q, build_quest_summaries(k_cache, fmt), *args, PAGE)
     rank = cfg.rank if selector == "shared" else steps.shared_rank_at_equal_bytes(cfg)
     basis = fit_shared_basis(k_cache[: int(steps.seq_lens.min()) // PAGE], rank)
     store = build_shared_basis_summaries(k_cache, basis)
@@ -54,8 +55,9 @@ def steps():
 @pytest.mark.parametrize(
     "selector,fmt,rank",
     [("oracle", "float", 8), ("locks", "float", 8), ("locks", "paper", 4), ("locks", "colwise", 2),
-     ("quest", "colwise", 8), ("shared", "colwise", 4), ("shared-bytes", "colwise", 8)],
-    ids=["oracle", "locks-float-r8", "locks-paper-r4", "locks-colwise-r2", "quest", "shared-r4", "shared-bytes-r8"],
+     ("quest", "colwise", 8), ("quest", "quest4", 8), ("shared", "colwise", 4), ("shared-bytes", "colwise", 8)],
+    ids=["oracle", "locks-float-r8", "locks-paper-r4", "locks-colwise-r2", "quest", "quest4", "shared-r4",
+         "shared-bytes-r8"],
 )
 def test_scores_match_the_ops_path(steps, selector, fmt, rank):
     cfg = LocksConfig(rank=rank, summary_format=fmt, budget=6 * PAGE)

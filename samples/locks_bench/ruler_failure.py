@@ -5,8 +5,8 @@ seed, the chat template with RULER's answer prefix after it); dense's answer is 
 queries that generate each answer token (positions ``prompt_len - 1 .. prompt_len + A - 2``) are captured with
 keys of every token (``locks_bench.capture.capture_ids``). Per layer, KV head and answer step,
 ``locks_engine.fidelity.DecodeSteps`` gives the exact attention mass per page (softmax over the causal prefix),
-LOCKS' flat selection at the run's budget (``colwise8`` summaries, sink and recent pages forced: ``select_pages``)
-and the exact-LSE oracle's selection of as many pages. The expected words are located in the prompt (token
+LOCKS' flat selection at the run's budget (``colwise8`` summaries, sink and recent pages forced: ``select_pages``;
+for a ``:quest``/``:quest2``/``:quest4`` setting the Quest baseline's, under the same keys) and the exact-LSE oracle's selection of as many pages. The expected words are located in the prompt (token
 offsets -> 16-token pages); at each step that begins an expected word, the share of that word's pages each
 selection reads says whether the pages holding the answer were read.
 """
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from locks_bench.ruler import OFFLINE_ENV, TASKS, RulerError, nltk_data_env, task_metadata
-from locks_engine.config import LocksConfig
+from locks_engine.config import QUEST_FORMATS, LocksConfig
 from locks_engine.fidelity import DecodeSteps
 from locks_engine.ops.select import forced_page_mask
 
@@ -174,7 +174,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[str, list[int]]) -> dict[str, Tensor]:
-    """LOCKS' and the oracle's selections at ``cfg``'s budget on every layer and KV head of a capture.
+    """LOCKS' and the oracle's selections at ``cfg``'s budget on every layer and KV head of a capture (Quest's in
+    LOCKS' place when ``cfg.summary_format`` is a Quest format: ``DecodeSteps.scores("quest")``).
 
     Args:
         data (dict): ``capture_ids``' output: ``k`` `[L, H, N, D]`, ``q`` `[L, HQ, T, D]`, ``positions`` `[T]`.
@@ -189,6 +190,7 @@ def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[st
     """
     n_layers, n_kv = data["k"].shape[:2]
     groups = data["q"].shape[1] // n_kv
+    selector = "quest" if cfg.summary_format in QUEST_FORMATS else "locks"
     pad = -seq_len % cfg.page_size
     pages = (seq_len + pad) // cfg.page_size
     words = list(word_page_lists)
@@ -202,7 +204,7 @@ def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[st
             keys = torch.nn.functional.pad(data["k"][layer, head, :seq_len].float(), (0, 0, 0, pad))  # [N, D]
             q = data["q"][layer, head * groups:(head + 1) * groups].transpose(0, 1)  # [T, G, D]
             steps = DecodeSteps(keys, q, data["positions"], page_size=cfg.page_size)
-            mask = steps.selected_mask(steps.scores("locks", cfg), cfg)  # [T, P]
+            mask = steps.selected_mask(steps.scores(selector, cfg), cfg)  # [T, P]
             oracle = steps.oracle_mask(cfg)
             t = len(data["positions"])
             out["kept"].append(steps.mass_kept(mask).mean(-1))
