@@ -5,7 +5,8 @@ Rebuilds the sample's prompt as ``samples/bench_ruler.py`` did (checked against 
 model's post-RoPE queries at the answer steps and keys of every token (HF transformers, float32, CPU), and
 measures per layer, KV head and step the true attention mass on LOCKS' pages and on the oracle's at the run's
 budget, and the share of each expected word's pages each reads (``locks_bench.ruler_failure``). Prints a table,
-writes ``OUT_DIR/ruler_failure_<task>_<length>_doc<id>.json`` (summaries only). From the repository root::
+writes ``OUT_DIR/ruler_failure_<task>_<length>_doc<id>.json`` (summaries only; ``..._doc<id>_<setting>.json`` for a
+setting other than ``locks:5%``, written as result files write it: ``locks5pctquest4``). From the repository root::
 
     python samples/ruler_failure.py --model MODEL_DIR \\
         --results samples/results/2026-12-04_cpu_3de6db0/ruler_4096_dense-locks5pct.json \\
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
     import torch
 
     from locks_bench.results import header, write_result
+    from locks_bench.ruler_results import slug
     from locks_bench.ruler_failure import table
 
     torch.set_num_threads(args.threads)
@@ -145,16 +147,19 @@ def main(argv=None) -> int:
           f"oracle {t['oracle_kept_mean']:.3f} at {out['budget_pages']} pages of {out['prompt_pages']}; "
           f"{out['pages_with_an_expected_word']} pages hold an expected word; the forced pages alone hold "
           f"{t['forced_kept_mean']:.3f}; 90% of the mass needs {t['pages_for_90_mean']:.0f} pages (mean); "
-          f"LOCKS' answer leaves dense's at step {out['locks_answer_differs_at_step']}")
+          f"{p['setting']}'s answer leaves dense's at step {out['locks_answer_differs_at_step']}")
     for word, w in out["words"].items():
         print(f"{word:<14} {len(w['pages']):>3} pages, answer steps {w['answer_steps']}, read over all steps: "
-              f"LOCKS {w['locks_share_all_steps']:.2f}, oracle {w['oracle_share_all_steps']:.2f}")
+              f"{p['setting']} {w['locks_share_all_steps']:.2f}, oracle {w['oracle_share_all_steps']:.2f}")
     head = header("ruler_failure.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA",
                                              "--capture-file": "CAPTURE_FILE"})
     result = {**head, "task": args.task, "length": args.length, "setting": p["setting"], "doc_id": p["doc_id"],
               "seed": args.seed, "locks": p["cfg"].to_dict(), "expected": p["doc"]["outputs"],
               "dense": p["dense"], "locks_run": p["locks"], **out}
-    path = write_result(Path(args.out_dir) / f"ruler_failure_{args.task}_{args.length}_doc{p['doc_id']}.json", result)
+    name = f"ruler_failure_{args.task}_{args.length}_doc{p['doc_id']}"
+    if p["setting"] != "locks:5%":
+        name += "_" + slug([p["setting"]])
+    path = write_result(Path(args.out_dir) / f"{name}.json", result)
     log(f"wrote {path}")
     return 0
 

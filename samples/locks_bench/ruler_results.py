@@ -62,12 +62,16 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda x: (tasks[x["task"]], x["context"], order[x["setting"]]))
 
 
+def slug(words: list[Any]) -> str:
+    """Words as a file name part, joined by ``-``: ``locks:5%`` -> ``locks5pct``, ``0.5`` -> ``0p5``."""
+    return "-".join(str(w).replace(":", "").replace("%", "pct").replace(".", "p") for w in words)
+
+
 def result_path(out_dir: str | Path, header: dict[str, Any], lengths: list[int], settings: list[str],
                 tasks: list[str] | None = None) -> Path:
     """``OUT_DIR/<date>_<cpu|gpu>_<commit>/ruler_<lengths>_<settings>[_<tasks>].json``: lengths and settings
     joined by ``-`` (``locks:5%`` written ``locks5pct``), the tasks only when given (a run of some of them), so
     that runs split by length, setting or task land in files of their own."""
-    slug = lambda words: "-".join(str(w).replace(":", "").replace("%", "pct").replace(".", "p") for w in words)
     name = f"ruler_{slug(lengths)}_{slug(settings)}" + (f"_{slug(tasks)}" if tasks else "")
     return Path(out_dir) / run_folder(header) / f"{name}.json"
 
