@@ -205,7 +205,13 @@ def print_table(paths: list[str]) -> int:
     the samples scored the same as, better or worse than dense's."""
     from locks_bench.ruler_results import agreement, as_result, markdown_table
 
-    results = [as_result(json.loads(Path(p).read_text())) for p in paths]
+    results = []
+    for path in paths:
+        try:
+            results.append(as_result(json.loads(Path(path).read_text())))
+        except (OSError, ValueError, AttributeError) as err:
+            print(f"bench_ruler: --table {path}: not a readable result file ({err})", file=sys.stderr)
+            return 2
     print(markdown_table(results))
     for name in dict.fromkeys(r["setting"] for result in results for r in result["runs"]):
         if name != "dense":

@@ -284,6 +284,18 @@ def test_script_refuses_bad_input_in_one_line(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("content", [None, "not json", "[1, 2]", '{"rows": []}'],
+                         ids=["missing", "not-json", "a-list", "no-runs"])
+def test_table_refuses_a_file_that_is_not_a_result_in_one_line(tmp_path, content):
+    path = tmp_path / "result.json"
+    if content is not None:
+        path.write_text(content)
+    out = run_script("--table", str(path), cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(f"bench_ruler: --table {path}: not a readable result file")
+    assert out.stderr.count("\n") == 1
+
+
 def test_prepare_docs_needs_a_cache(tmp_path):
     model = tmp_path / "MODEL"
     model.mkdir()
