@@ -54,3 +54,24 @@ def test_summarize_refuses_mixed_formats_and_empty_contexts(tmp_path):
         needle.summarize_runs(tmp_path, [16384], "m")
     with pytest.raises(ValueError, match="no trials at contexts"):
         needle.summarize_runs(tmp_path, [32768], "m")
+
+
+def test_a_two_level_run_adds_its_cells_and_leaves_the_contexts_provenance(tmp_path):
+    def header(machine, date, command):
+        return {"machine": {"kind": machine, "name": machine}, "commit": "c" + date[-1], "date": date, "command": command}
+
+    def cell(mode, budget):
+        return {"model": "m", "context": 32704, "mode": mode, "budget_frac": budget, "accuracy": 1.0, "trials": 20,
+                "carrier_retention": 0.5}
+
+    needle.merge_results(tmp_path, header("gpu", "2026-12-01", ["flat"]), [cell("locks", 0.02)], [])
+    needle.merge_results(tmp_path, header("cpu", "2026-12-05", ["two-level"]), [cell("locks-2l", 0.02)], [])
+    doc = json.loads((tmp_path / "fidelity.json").read_text())
+    assert sorted((c["mode"], c["budget_frac"]) for c in doc["needle"]) == [("locks", 0.02), ("locks-2l", 0.02)]
+    assert doc["needle_provenance"]["32704"]["machine"]["name"] == "gpu"
+    assert doc["needle_command"] == [["flat"], ["two-level"]]
+    # a later flat run at that context is the row's provenance
+    needle.merge_results(tmp_path, header("cpu", "2026-12-06", ["flat again"]), [cell("locks", 0.05)], [])
+    doc = json.loads((tmp_path / "fidelity.json").read_text())
+    assert doc["needle_provenance"]["32704"]["command"] == [["flat again"]]
+    assert len(doc["needle"]) == 3

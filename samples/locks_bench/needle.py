@@ -63,10 +63,15 @@ def carrier(records: list[dict], needle: tuple[int, int], page_size: int) -> tup
     return shares, anys
 
 
+#: The modes of the README's needle row, whose run ``needle_provenance`` names (``benchmarks_doc.fidelity_rows``).
+HEADLINE_MODES = ("locks", "dense")
+
+
 def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[dict]) -> None:
     """Add this run's cells to ``needle_full.json`` in the run's folder under ``out_dir`` (one entry per run) and
     to ``out_dir/fidelity.json``'s ``needle`` list (replacing cells of the same model, context, mode and budget);
-    ``needle_command`` lists every command (argv lists) that wrote cells."""
+    ``needle_command`` lists every command (argv lists) that wrote cells; ``needle_provenance`` (per context: machine,
+    commit, date, command) follows the runs that wrote :data:`HEADLINE_MODES` cells only."""
     full_path = out_dir / run_folder(header) / "needle_full.json"
     runs = json.loads(full_path.read_text())["runs"] if full_path.is_file() else []
     runs.append({**header, "summary": summary, "trials": rows})
@@ -78,7 +83,9 @@ def merge_results(out_dir: Path, header: dict, summary: list[dict], rows: list[d
     doc["needle"] = [e for e in doc.get("needle", []) if cell(e) not in fresh] + summary
     commands = doc.get("needle_command", [])
     doc["needle_command"] = commands + [header["command"]] * (header["command"] not in commands)
-    for context in {e["context"] for e in summary}:
+    # the provenance of a context is that of its headline cells (the README's row: flat LOCKS and dense); a run of
+    # other modes only (the two-level selection) adds its cells and leaves it
+    for context in {e["context"] for e in summary if e["mode"] in HEADLINE_MODES}:
         doc.setdefault("needle_provenance", {})[str(context)] = {
             k: header.get(k) for k in ("machine", "commit", "date")} | {"command": [header["command"]]}
     write_result(fidelity, doc)
