@@ -22,9 +22,7 @@ summaries, and the incomplete last page is always read.
 
 from locks_engine.ops.attention import attend_selected_pages, dense_paged_attention, sparse_paged_attention
 from locks_engine.ops.baselines import (
-    QuestSummaries,
     SharedBasisSummaries,
-    build_quest_summaries,
     build_shared_basis_summaries,
     fit_shared_basis,
     oracle_scores,
@@ -39,9 +37,11 @@ from locks_engine.ops.score import score_pages
 from locks_engine.ops.select import select_pages
 from locks_engine.ops.summaries import (
     PageSummaries,
+    QuestSummaries,
     allocate_page_summaries,
     build_cache_summaries,
     build_page_summaries,
+    build_quest_summaries,
     summary_bytes,
     write_page_summaries,
 )

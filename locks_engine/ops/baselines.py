@@ -20,7 +20,7 @@ from locks_engine.config import LocksConfig
 from locks_engine.ops.paging import gather_pages, page_token_mask, physical_page_ids
 from locks_engine.ops.quant import dequantize, quantize_symmetric
 from locks_engine.ops.score import expand_kv_heads, mask_incomplete
-from locks_engine.ops.summaries import PageSummaries, QuestSummaries, build_quest_summaries, summary_bytes
+from locks_engine.ops.summaries import PageSummaries, QuestSummaries, summary_bytes
 
 
 def oracle_scores(
@@ -63,7 +63,7 @@ def quest_scores(
     seqs, num_q_heads, dim = q.shape
     scale = dim**-0.5 if scale is None else scale
     ids = physical_page_ids(block_table, block_size // page_size).reshape(-1).long()  # [S * Pmax]
-    heads, chunks = store.key_min.shape[1], store.key_min.shape[2]
+    heads, chunks = store.key_min.shape[1], store.chunks
     qg = q.float().view(seqs, heads, num_q_heads // heads, dim)  # [S, H, G, D]
     positive = qg.clamp_min(0)
 
