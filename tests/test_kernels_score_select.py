@@ -281,3 +281,75 @@ def test_take_top_is_the_exact_top_k_with_ties_to_lower_positions(seed):
         taken = take.cpu().nonzero().flatten().tolist()
         assert taken == _top_keys(keys.tolist(), k), f"k={k}"
         assert slot.cpu()[take.cpu().bool()].tolist() == list(range(len(taken))), "slots in position order"
+
+
+def _lse_from_parts(parts: torch.Tensor) -> torch.Tensor:
+    """Each query head's log-sum-exp `[S, HQ]` from ``score_pages(lse=True)``'s parts (``-inf`` for no page)."""
+    top = parts[..., 0].amax(-1)
+    shift = torch.where(torch.isinf(top), 0.0, top)
+    return shift + torch.log((parts[..., 1] * torch.exp(parts[..., 0] - shift[..., None])).sum(-1))
+
+
+@pytest.mark.parametrize("groups", [1, 4], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("lengths", [[16 * 70 + 5, 16 * 9, 5], [16 * 40]], ids=["mixed", "one"])
+def test_score_lse_parts_combine_to_each_heads_lse(groups, lengths):
+    """The score kernel's parts (per program: its pages' largest score and sum of exponentials) combine to the
+    log-sum-exp of the scores it wrote, per query head: programs with no live tile, a sequence with no complete
+    page (``-inf``), a block table with room past the pages."""
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=64, seed=groups, key_offset=20.0)
+    sc.block_table = torch.cat([sc.block_table, torch.zeros(len(lengths), 24, dtype=torch.int32)], dim=1)
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, LocksConfig())
+    dev = on_device(sc)
+    scores, parts = lk.score_pages(sc.q.to(DEVICE), summaries_on_device(store), dev.block_table, dev.seq_lens,
+                                   sc.page_size, sc.block_size, lse=True)
+    scores, parts = scores.cpu(), parts.cpu()
+    assert parts.shape[:2] == scores.shape[:2] and parts.shape[-1] == 2 and parts.shape[2] >= 1
+    assert not parts.isnan().any()
+    ref = torch.logsumexp(scores, dim=-1)
+    got = _lse_from_parts(parts)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref)), "-inf exactly for a sequence with no complete page"
+    finite = torch.isfinite(ref)
+    assert_close("lse from the score kernel's parts", ref[finite], got[finite], 1e-5)
+    if len(lengths) == 3:
+        assert torch.isinf(ref[2]).all(), "5 tokens: no complete page"
+
+
+@pytest.mark.parametrize("groups", [1, 4], ids=lambda g: f"gqa{g}")
+def test_selection_from_score_lse_parts_is_the_selection(monkeypatch, groups):
+    """Over several chunks, ``select_pages`` with the score kernel's lse parts (no first pass) picks the pages it
+    picks with its own first pass, and ``select_flat`` (what the backend and ``decode_step`` run) does the same."""
+    from locks_kernels import select
+
+    monkeypatch.setattr(select, "CHUNK", 16)
+    cfg = LocksConfig(budget=160, sink_pages=1, recent_pages=2)  # K = 10 pages
+    sc = make_scenario([16 * 70 + 5, 16 * 33 + 1], num_kv_heads=2, groups=groups, head_dim=64, seed=7,
+                       key_offset=10.0)
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    dev, summaries = on_device(sc), summaries_on_device(store)
+    pmax = sc.block_table.shape[1] * (sc.block_size // sc.page_size)
+    assert lk.takes_lse_parts(pmax, cfg.budget_pages) and not lk.takes_lse_parts(pmax, pmax)
+    scores, parts = lk.score_pages(sc.q.to(DEVICE), summaries, dev.block_table, dev.seq_lens, sc.page_size,
+                                   sc.block_size, lse=True)
+    own = _select(scores.cpu(), sc.seq_lens, 2, cfg).cpu()
+    launches = []
+    monkeypatch.setattr(select, "_chunk_lse_kernel", _Counted(select._chunk_lse_kernel, launches))
+    with_parts = lk.select_pages(scores, dev.seq_lens, 2, cfg.budget_pages, cfg.page_size, cfg.sink_pages,
+                                 cfg.recent_pages, lse_parts=parts).cpu()
+    assert launches == [], "no first pass with the parts"
+    flat = lk.select_flat(sc.q.to(DEVICE), summaries, dev.block_table, dev.seq_lens, sc.page_size, sc.block_size, 2,
+                          cfg.budget_pages, cfg.sink_pages, cfg.recent_pages).cpu()
+    assert launches == []
+    assert torch.equal(with_parts, own) and torch.equal(flat, own)
+    _select(scores.cpu(), sc.seq_lens, 2, cfg)
+    assert launches == [1], "the first pass runs without them"
+
+
+class _Counted:
+    """A Triton kernel whose launches (``kernel[grid](...)``) are counted into ``launches``."""
+
+    def __init__(self, kernel, launches: list) -> None:
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(1)
+        return self.kernel[grid]
