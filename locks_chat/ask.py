@@ -57,10 +57,11 @@ class AskResult:
 
 
 def _range(pages) -> str:
-    """A ``--pages`` range over ``pages``: printed labels, or physical numbers when a label has a hyphen."""
+    """A ``--pages`` range over ``pages``: printed labels, or physical numbers (``#3-9``) when a label has a
+    hyphen."""
     first, last = pages[0], pages[-1]
     if "-" in first.label or "-" in last.label:
-        return f"{first.number}-{last.number}"
+        return f"#{first.number}-{last.number}"
     return f"{first.label}-{last.label}"
 
 

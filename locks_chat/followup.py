@@ -205,7 +205,7 @@ class Conversation:
     def save(self, question: str, document: Document, answer: str, status: str, citations: list,
              stats: dict) -> None:
         """Write the turn (and the session, when new or deleted meanwhile); ``--pages`` becomes the session's."""
-        session = self.store.get(self.session.id) if self.session is not None else None
+        session = self.store.current(self.session) if self.session is not None else None
         if session is None:
             title = self.document.path.stem if self.document.path is not None else document.title
             session = self.store.open_session(self.document.doc_path, self.document.digest, title, self.pages,

@@ -31,7 +31,7 @@ from locks_chat.settings import HOME_ENV, data_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     doc_path TEXT NOT NULL,
     doc_hash TEXT NOT NULL,
     title TEXT NOT NULL,
@@ -66,6 +66,8 @@ class SessionStoreError(LocksChatError):
 _UNREADABLE = ("NOTADB", "CORRUPT")
 _UNWRITABLE = ("CANTOPEN", "READONLY", "IOERR", "PERM", "FULL", "AUTH", "NOLFS")
 _LOCKED = ("BUSY", "LOCKED")
+LOCK_WAIT_S = 10.0
+"""seconds a connection waits for another process's lock on the sessions database before saying so"""
 _OTHER_SCHEMA = re.compile(r"no such (table|column)|has no column", re.IGNORECASE)
 """how SQLite words a database whose tables are not this store's"""
 
@@ -98,6 +100,9 @@ class SessionInfo:
     updated: float
     """seconds since the epoch of the last write"""
     turns: int = 0
+    created: float = 0.0
+    """seconds since the epoch of the session's creation: with the id, what tells it from a later session that
+    reuses a deleted one's id (databases made before ids were made never to be reused)"""
 
 
 @dataclass(frozen=True)
@@ -156,10 +161,8 @@ class SessionStore:
         """A connection in a transaction, committed on leaving; an SQLite failure the user can fix (in opening or
         in the statements run) becomes a :class:`SessionStoreError`."""
         try:
-            db = sqlite3.connect(self.path, timeout=10)
+            db = self._connect()
             try:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA foreign_keys=ON")
                 with db:
                     yield db
             finally:
@@ -169,6 +172,25 @@ class SessionStore:
             if error is None:
                 raise
             raise error from None
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection in WAL mode with foreign keys on. Switching a new database to WAL needs it alone, and
+        SQLite says "locked" at once, without waiting, while another process does the same (two first ``ask``
+        runs): that is retried for up to :data:`LOCK_WAIT_S`, as SQLite's own timeout does for the statements."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            db = sqlite3.connect(self.path, timeout=LOCK_WAIT_S)
+            try:
+                if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA foreign_keys=ON")
+                return db
+            except sqlite3.OperationalError as err:
+                db.close()
+                kind = (getattr(err, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
+                if kind not in _LOCKED or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def open_session(
         self, doc_path: str, doc_hash: str, title: str, pages: str | None, new: bool = False
@@ -211,6 +233,12 @@ class SessionStore:
         rows = self._sessions("WHERE s.id = ?", (session_id,))
         return rows[0] if rows else None
 
+    def current(self, session: SessionInfo) -> SessionInfo | None:
+        """``session`` as stored now, or None when it was deleted meanwhile (``locks-chat sessions delete`` from
+        another terminal), also when a newer session has taken its id since."""
+        now = self.get(session.id)
+        return now if now is not None and now.created == session.created else None
+
     def list_sessions(self) -> list[SessionInfo]:
         """Every session, most recently updated first."""
         return self._sessions("", ())
@@ -218,7 +246,8 @@ class SessionStore:
     def _sessions(self, where: str, args: tuple) -> list[SessionInfo]:
         with self._db() as db:
             rows = db.execute(
-                "SELECT s.id, s.doc_path, s.doc_hash, s.title, s.pages, s.updated, COUNT(t.id) FROM sessions s "
+                "SELECT s.id, s.doc_path, s.doc_hash, s.title, s.pages, s.updated, COUNT(t.id), s.created "
+                "FROM sessions s "
                 f"LEFT JOIN turns t ON t.session_id = s.id {where} GROUP BY s.id ORDER BY s.updated DESC, s.id DESC",
                 args,
             ).fetchall()

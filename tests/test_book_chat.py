@@ -124,3 +124,34 @@ def test_the_status_names_the_dtype_the_engine_chose(tmp_path):
     chat = opened(tmp_path / "f32", engine)
     assert chat.model_name() == "SmolLM2-135M-Instruct (built-in), float32"
     assert ask(chat, "What is the password?").to_json(chat.document)["stats"]["dtype"] == "float32"
+
+
+def test_a_session_deleted_from_another_terminal_goes_on_as_a_new_one(tmp_path):
+    """``locks-chat sessions delete N`` while the chat app has N open: the next answer is saved in a new session
+    of the same book, said once; ``/export`` writes what the window holds; closing deletes no other session."""
+    chat = opened(tmp_path, FakeEngine())
+    ask(chat, "First?")
+    store, gone = SessionStore(), chat.session
+    assert store.delete(gone.id)
+    transcript = chat.export().read_text(encoding="utf-8")
+    assert "First?" in transcript, "the deleted session's turns as the window holds them"
+    ask(chat, "Second?")
+    assert chat.session.id != gone.id and chat.session.doc_hash == gone.doc_hash
+    assert [t.question for t in store.turns(chat.session.id)] == ["Second?"]
+    notice = chat.take_notice()
+    assert notice and f"Session {gone.id} was deleted" in notice and f"session {chat.session.id}" in notice
+    assert chat.take_notice() is None, "said once"
+    ask(chat, "Third?")
+    assert [t.question for t in store.turns(chat.session.id)] == ["Second?", "Third?"]
+    assert "Third?" in chat.export().read_text(encoding="utf-8")
+
+
+def test_closing_a_window_whose_session_was_deleted_leaves_the_others(tmp_path):
+    chat = BookChat(write_book(tmp_path), ChatOptions(), Factory(FakeEngine()))
+    chat.open_session()
+    store = SessionStore()
+    assert store.delete(chat.session.id)
+    other = store.open_session(str(tmp_path / "other.txt"), "h" * 64, "other", None, new=True)
+    chat.load(None)
+    chat.close()
+    assert store.get(other.id) == other

@@ -3,6 +3,7 @@
 import pytest
 
 from locks_chat.ask import ask, check_fits
+from locks_chat.ingest.pagerange import select_pages
 from locks_chat.citations import find_citations
 from locks_chat.errors import Cancelled, ContextError
 from locks_chat.ingest.document import PageKind, RawPage, build_document
@@ -49,10 +50,16 @@ def test_a_document_too_long_is_refused_with_numbers_and_ways_out():
 
 
 def test_range_advice_uses_physical_numbers_for_hyphenated_labels():
-    doc = make_doc([" ".join(["word"] * 200)] * 10, ["T-1", "T-2", "i", "ii", "1", "2", "3", "4", "5", "6"])
+    """A label with a hyphen cannot be written in a range: the advice names the file's first pages as ``#1-N``,
+    which the page grammar reads as physical pages (a bare ``1-N`` would be the pages printed 1 to N)."""
+    labels = ["T-1", "T-2", "i", "ii", "1", "2", "3", "4", "5", "6"]
+    doc = make_doc([" ".join(["word"] * 200)] * 10, labels)
     prompt = build_prompt(WordTokenizer(), doc, ["q"])
-    with pytest.raises(ContextError, match=r"--pages 1-\d\b"):
+    with pytest.raises(ContextError, match=r"--pages #1-\d\b") as err:
         check_fits(prompt, doc, 2048, 256)
+    fit = int(err.value.message.split("--pages with about ")[1].split(" pages")[0])
+    advice = err.value.message.split("e.g. --pages ")[1].split(")")[0]
+    assert select_pages(advice, labels) == list(range(fit)), "the advice selects the first pages of the file"
 
 
 def test_citations_match_labels():

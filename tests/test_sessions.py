@@ -70,6 +70,85 @@ def test_delete_removes_the_turns_too(book):
         assert db.execute("SELECT COUNT(*) FROM turns").fetchone() == (0,)
 
 
+def test_session_ids_are_never_reused(book):
+    store = SessionStore()
+    first = store.open_session(str(book), "h1", "a", None, new=True)
+    second = store.open_session(str(book), "h1", "a", None, new=True)
+    assert store.delete(second.id)
+    third = store.open_session(str(book), "h1", "a", None, new=True)
+    assert third.id > second.id > first.id
+    assert store.current(first) == store.get(first.id) and store.current(second) is None
+
+
+def test_a_session_deleted_meanwhile_is_not_current_where_an_older_database_reuses_its_id(book, tmp_path):
+    """A database made before ids were never reused (no AUTOINCREMENT) gives a deleted session's id to the next
+    session: ``current`` tells them apart by their creation time, and an ``ask`` that continued the deleted
+    session saves its turn in a new session of its own document, not in the other document's."""
+    from locks_chat.followup import Conversation, DocumentInput
+    from locks_chat.ingest import load_document
+    from locks_chat.sessions import SCHEMA
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA.replace(" AUTOINCREMENT", ""))
+    store = SessionStore(path)
+    other = tmp_path / "other.txt"
+    other.write_text("Other text.", encoding="utf-8")
+    data = book.read_bytes()
+    doc = DocumentInput(data, str(book), book)
+    mine = store.open_session(str(book), doc.digest, "book", None, new=True)
+    conversation = Conversation(store, doc, mine, None, continued=True)
+    assert store.delete(mine.id)
+    theirs = store.open_session(str(other), file_hash(other), "other", None, new=True)
+    assert theirs.id == mine.id, "the older schema reuses the id (what this test is about)"
+    assert store.current(mine) is None and store.current(theirs) == store.get(theirs.id)
+    conversation.save("q about book", load_document(book), "a", "done", [], {})
+    assert conversation.session.id != theirs.id and conversation.session.doc_hash == doc.digest
+    assert [t.question for t in store.turns(theirs.id)] == []
+    assert [t.question for t in store.turns(conversation.session.id)] == ["q about book"]
+
+
+class _LockedWal:
+    """A connection whose first ``fails`` switches to WAL say "database is locked" at once, as SQLite does while
+    another process switches a new database."""
+
+    def __init__(self, db, state):
+        self.db, self.state = db, state
+
+    def execute(self, sql, *args):
+        if sql == "PRAGMA journal_mode=WAL" and self.state["fails"] > 0:
+            self.state["fails"] -= 1
+            err = sqlite3.OperationalError("database is locked")
+            err.sqlite_errorname = "SQLITE_BUSY"
+            raise err
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+    def __enter__(self):
+        return self.db.__enter__()
+
+    def __exit__(self, *exc):
+        return self.db.__exit__(*exc)
+
+
+@pytest.mark.parametrize("fails, wait_s, opens", [(3, 10.0, True), (10**6, 0.3, False)], ids=["retried", "held"])
+def test_two_first_runs_switching_a_new_database_to_wal_wait_for_each_other(monkeypatch, tmp_path, fails, wait_s,
+                                                                            opens):
+    from locks_chat import sessions
+
+    real, state = sqlite3.connect, {"fails": fails}
+    monkeypatch.setattr(sessions.sqlite3, "connect", lambda *a, **k: _LockedWal(real(*a, **k), state))
+    monkeypatch.setattr(sessions, "LOCK_WAIT_S", wait_s)
+    if opens:
+        store = SessionStore(tmp_path / "new.sqlite")
+        assert state["fails"] == 0 and store.list_sessions() == []
+    else:
+        with pytest.raises(SessionStoreError, match="locked"):
+            SessionStore(tmp_path / "new.sqlite")
+
+
 def test_ids_past_sqlite_integers_are_no_sessions(book):
     store = SessionStore()
     store.open_session(str(book), file_hash(book), "book", None)

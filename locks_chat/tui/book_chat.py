@@ -103,6 +103,8 @@ class BookChat:
         self._tokenizer_asked = False
         self._answering = threading.Lock()
         self._closed = False
+        self.notice: str | None = None
+        """what the screen should tell after an answer (a session deleted meanwhile), see :meth:`take_notice`"""
 
     def open_session(self) -> list[Turn]:
         """Find (or start) the book's session and load its turns; the session's page range applies unless
@@ -132,7 +134,7 @@ class BookChat:
         """
         document = load_document(self.path, password=self.options.password, pages=pages, progress=progress)
         self.document, self.pages = document, pages
-        if self.session is not None:
+        if self.session is not None and self.store.current(self.session) is not None:
             self.store.set_pages(self.session.id, pages)
         return document
 
@@ -213,7 +215,7 @@ class BookChat:
         assert self.session is not None and self.document is not None, "open_session and load first"
         if self.engine is None:
             raise EngineError("the engine is not running: change a setting (e.g. /budget) to start it again")
-        turn_id = self.store.begin_turn(self.session.id, question)
+        turn_id = self.store.begin_turn(self._live_session().id, question)
         parts: list[str] = []
         saved = [time.monotonic()]
 
@@ -267,10 +269,32 @@ class BookChat:
         self.store.save_turn(turn_id, answer, status, citations, stats)
         self.turns.append(Turn(turn_id, question, answer, status, citations, stats or {}))
 
-    def export(self) -> Path:
-        """Write the conversation as Markdown into the user data directory; returns the file."""
+    def _live_session(self) -> SessionInfo:
+        """The session, as stored; when it was deleted meanwhile (``locks-chat sessions delete`` in another
+        terminal), a new one for the same book, said in :attr:`notice` (the turns on screen stay in the prompt)."""
         assert self.session is not None
-        return export_transcript(self.store.get(self.session.id), self.store.turns(self.session.id))
+        current = self.store.current(self.session)
+        if current is None:
+            gone = self.session
+            current = self.store.open_session(gone.doc_path, gone.doc_hash, gone.title, self.pages, new=True)
+            self.notice = (f"Session {gone.id} was deleted by another locks-chat; this conversation is saved as "
+                           f"session {current.id} from now on")
+        self.session = current
+        return current
+
+    def take_notice(self) -> str | None:
+        """The notice the last answer left for the screen (once), else None."""
+        notice, self.notice = self.notice, None
+        return notice
+
+    def export(self) -> Path:
+        """Write the conversation as Markdown into the user data directory; returns the file. A session deleted
+        meanwhile is exported as this window holds it."""
+        assert self.session is not None
+        current = self.store.current(self.session)
+        if current is None:
+            return export_transcript(self.session, self.turns)
+        return export_transcript(current, self.store.turns(current.id))
 
     def close(self, wait_s: float = 30.0) -> None:
         """Shut the engine down (called when the app exits); an engine still starting closes when it is up. A
@@ -284,7 +308,7 @@ class BookChat:
             self._answering.release()
         engine, self.engine = self.engine, None
         try:
-            if self.session is not None:
+            if self.session is not None and self.store.current(self.session) is not None:
                 self.store.delete_if_empty(self.session.id)  # no question asked: nothing to list or resume
         except SessionStoreError:
             pass  # the store said so when it was opened; closing goes on

@@ -395,6 +395,9 @@ class ChatScreen(Screen):
                 prompt.cursor_position = len(prompt.value)
         elif message.status == "cancelled":
             self.notify("Answer stopped; the partial answer is kept, marked as cancelled")
+        notice = self.chat.take_notice()
+        if notice:
+            self.notify(notice, severity="warning", timeout=15)
         self._ready_or_waiting()
 
 
