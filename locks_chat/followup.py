@@ -22,7 +22,7 @@ from typing import Any
 
 from locks_chat.errors import Cancelled, ContextError, DocumentError, LocksChatError
 from locks_chat.ingest import Document
-from locks_chat.sessions import STDIN_PATH, SessionInfo, SessionStore, Turn
+from locks_chat.sessions import STDIN_PATH, SessionInfo, SessionStore, Turn, stored_path
 
 STDIN_SOURCE = "<stdin>"
 """what messages call a document read from standard input"""
@@ -105,14 +105,19 @@ def find_session(store: SessionStore, document: DocumentInput, follow: FollowUp)
     """The session ``follow`` names, ``None`` for a new conversation.
 
     Raises:
-        FollowUpError: no earlier conversation about this document; no session N; session N is about another
-            document (another SHA-256).
+        FollowUpError: no earlier conversation about this document (or only about the file before it changed); no
+            session N; session N is about another document or the file before it changed (another SHA-256).
     """
     if follow.session_id is not None:
         session = store.get(follow.session_id)
         if session is None:
             raise FollowUpError(f"no session {follow.session_id}: see locks-chat sessions list")
         if session.doc_hash != document.digest:
+            if document.path is not None and session.doc_path == stored_path(document.doc_path):
+                raise FollowUpError(
+                    f"session {session.id} is about {' '.join(document.source.split())} as it was before it changed "
+                    "(its content differs now): leave out --session to start a new conversation about it"
+                )
             where = " ".join(f"{session.title}, {session.doc_path}".split())  # a path may hold a newline
             raise FollowUpError(
                 f"session {session.id} is about another document ({where}): pass that document, or leave out "
@@ -124,8 +129,13 @@ def find_session(store: SessionStore, document: DocumentInput, follow: FollowUp)
     by_path = None if document.path is None else document.doc_path
     session = store.latest(document.digest, by_path)
     if session is None:
-        raise FollowUpError(f"no earlier conversation about {' '.join(document.source.split())}: ask without "
-                            "--continue to start one (see locks-chat sessions list)")
+        source = " ".join(document.source.split())
+        changed = None if document.path is None else store.latest_at(document.doc_path)
+        if changed is not None:
+            raise FollowUpError(f"no earlier conversation about {source} as it is now: the file changed since "
+                                f"session {changed.id}; ask without --continue to start a new one")
+        raise FollowUpError(f"no earlier conversation about {source}: ask without --continue to start one (see "
+                            "locks-chat sessions list)")
     return session
 
 

@@ -201,7 +201,7 @@ class SessionStore:
             doc_path (str): the document's path (stored resolved), or :data:`STDIN_PATH`.
             doc_hash (str): SHA-256 of the document's bytes, hex (:func:`file_hash`).
         """
-        doc_path = doc_path if doc_path == STDIN_PATH else storable(str(Path(doc_path).resolve()))
+        doc_path = stored_path(doc_path)
         title = escape_breaks(storable(title))
         if not new:
             latest = self.latest(doc_hash, doc_path)
@@ -222,9 +222,14 @@ class SessionStore:
         :data:`STDIN_PATH`) unless it is ``None`` (then wherever it was read from); ``None`` when there is none."""
         where, args = "WHERE s.doc_hash = ?", (doc_hash,)
         if doc_path is not None:
-            doc_path = doc_path if doc_path == STDIN_PATH else storable(str(Path(doc_path).resolve()))
+            doc_path = stored_path(doc_path)
             where, args = where + " AND s.doc_path = ?", (doc_hash, doc_path)
         rows = self._sessions(where, args)
+        return rows[0] if rows else None
+
+    def latest_at(self, doc_path: str) -> SessionInfo | None:
+        """The most recently updated session of the file at ``doc_path`` (resolved), whatever its content was."""
+        rows = self._sessions("WHERE s.doc_path = ?", (stored_path(doc_path),))
         return rows[0] if rows else None
 
     def get(self, session_id: int) -> SessionInfo | None:
@@ -320,6 +325,11 @@ class SessionStore:
                 (storable(answer), status, json.dumps(citations or []), json.dumps(stats or {}, default=str),
                  time.time(), turn_id),
             )
+
+
+def stored_path(doc_path: str) -> str:
+    """A session's ``doc_path`` as stored: the file's resolved path (:func:`storable`), or :data:`STDIN_PATH`."""
+    return doc_path if doc_path == STDIN_PATH else storable(str(Path(doc_path).resolve()))
 
 
 def storable(text: str) -> str:

@@ -167,6 +167,24 @@ def test_follow_up_errors_are_one_line_exit_2_and_start_nothing(book, other, eng
     assert [(s.id, s.turns) for s in SessionStore().list_sessions()] == before
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [(["-c"], "no earlier conversation about {book} as it is now: the file changed since session 1; ask without "
+              "--continue"),
+     (["--session", "1"], "session 1 is about {book} as it was before it changed (its content differs now): "
+                          "leave out --session")],
+    ids=["continue", "session"],
+)
+def test_a_follow_up_about_a_file_edited_since_says_it_changed(book, engine, monkeypatch, args, message):
+    assert ask(book, "Earlier?").exit_code == 0
+    book.write_text(book.read_text(encoding="utf-8") + "\nOne more line.\n", encoding="utf-8")
+    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    result = ask(book, "Follow-up?", *args)
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: " + message.format(book=book))
+
+
 def test_continue_keeps_the_sessions_page_range_unless_pages_is_given(tmp_path, engine):
     book = tmp_path / "paged.txt"
     book.write_text("\f".join(f"Page {n} says the number {n * 11}." for n in range(1, 6)), encoding="utf-8")
