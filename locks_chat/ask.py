@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,29 +70,31 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     """Refuse a prompt that does not leave ``max_tokens`` of room in the context; never truncate.
 
     Raises:
-        ContextError: with the numbers and the ways out (``--pages``; a smaller ``--max-tokens`` or a shorter
-            question when no page of average length fits beside them; a larger ``--context`` or ``--model``).
+        ContextError: with the numbers and the ways out, counted from each page's tokens: ``--pages`` with the
+            first pages that fit, or with shorter pages when the first does not; a smaller ``--max-tokens`` or a
+            shorter question when not even the shortest page fits beside them; a larger ``--context`` or
+            ``--model``.
     """
     need = len(prompt.token_ids) + max_tokens
     if need <= max_context:
         return
     overhead = len(prompt.token_ids) - prompt.document_tokens
     room = max_context - max_tokens - overhead
-    per_page = prompt.document_tokens / max(1, len(prompt.pages))
-    fit = int(room // per_page) if room > 0 else 0
+    ends = (*prompt.page_token_starts[1:], prompt.document_token_range[1])
+    sizes = [end - start for start, end in zip(prompt.page_token_starts, ends)]  # tokens, markers included
+    fit = sum(1 for total in itertools.accumulate(sizes) if total <= room)
+    shortest = min(range(len(sizes)), key=sizes.__getitem__) if sizes else None
     ways = []
     if fit:
         ways.append(f"pass --pages with about {fit} pages (e.g. --pages {_range(prompt.pages[:fit])})")
-    elif room > 0 and len(prompt.pages) > 1:  # shorter pages than the average may fit
-        ways.append("pass --pages with fewer pages")
-    if not fit:
-        # not one page of average length fits beside the prompt and the room for the answer: which to cut
-        most = int(max_context - overhead - per_page)
+    elif shortest is not None and 0 < sizes[shortest] <= room:
+        ways.append(f"pass --pages with shorter pages than the first (p. {prompt.pages[shortest].label} holds "
+                    f"{sizes[shortest]:,} tokens; {room:,} fit beside the prompt and the answer)")
+    else:
+        # not even the shortest page fits beside the prompt and the room for the answer: which to cut
+        most = max_context - overhead - (sizes[shortest] if sizes else 0)
         if most >= 16 and max_tokens > most:
-            ways.append(f"pass a smaller --max-tokens (at most {most:,} leaves room for a page)")
-        elif room <= 0 and len(prompt.pages) > 1 and max_context - overhead > 16:
-            ways.append(f"pass a smaller --max-tokens and --pages with fewer pages (the context holds "
-                        f"{max_context - overhead:,} tokens beside the prompt)")
+            ways.append(f"pass a smaller --max-tokens (at most {most:,} leaves room for the shortest page)")
         if overhead > max_context // 2:
             ways.append("ask a shorter question")
     fixes = "; " + " or ".join(ways) + ", or use" if ways else ": not one page fits; use"

@@ -62,6 +62,22 @@ def test_range_advice_uses_physical_numbers_for_hyphenated_labels():
     assert select_pages(advice, labels) == list(range(fit)), "the advice selects the first pages of the file"
 
 
+def test_advice_counts_each_pages_tokens_not_the_average():
+    """A long first page and short later ones: no prefix fits, the shorter pages do, and the advice says so
+    (naming the shortest); when not even the shortest page fits, the largest --max-tokens that leaves room for
+    it is given, and with it that page alone fits."""
+    doc = make_doc([" ".join(["word"] * 900), " ".join(["word"] * 40), " ".join(["word"] * 60)])
+    prompt = build_prompt(WordTokenizer(), doc, ["q"])
+    with pytest.raises(ContextError, match=r"--pages with shorter pages than the first \(p\. 2 holds \d+ tokens"):
+        check_fits(prompt, doc, 700, 256)
+    with pytest.raises(ContextError, match=r"smaller --max-tokens \(at most (\d+) leaves room") as err:
+        check_fits(prompt, doc, 700, 600)
+    most = int(err.value.message.split("at most ")[1].split(" ")[0])
+    alone = make_doc([" ".join(["word"] * 40)])
+    check_fits(build_prompt(WordTokenizer(), alone, ["q"]), alone, 700, most)
+    assert "fewer pages" not in err.value.message
+
+
 def test_citations_match_labels():
     doc = make_doc(["a", "b", "c"], ["iv", "1", "2"])
     found = find_citations("It says so (p. 1), also on p. iv and pp. 1-2; see page 9.", doc)
