@@ -2,7 +2,7 @@
 
 ``build_page_summaries -> score_pages -> select_pages -> sparse_paged_attention``, plus
 ``build_cache_summaries`` (prefill), ``build_completed_page_summaries`` (the page a decode step completes),
-``decode_step`` (one layer's step, composed; ``select_flat`` its scoring and selection), the two-level selection (``build_completed_superpages``,
+``decode_step`` (one layer's step, composed), the two-level selection (``build_completed_superpages``,
 ``superpage_scores``, ``select_two_level``, ``superpage_slots``: ``superpages.py``) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver). They take
 tensors and plain integers (summaries as the colwise8 tuple ``(centroid, basis, coeffs, basis_scale,
 coeffs_scale)``) and import nothing from ``locks_engine``. Each takes optional ``out`` buffers; all launch fixed
@@ -25,8 +25,6 @@ _MODULES = {
     "select_pages": "locks_kernels.select",
     "sparse_paged_attention": "locks_kernels.attention",
     "decode_step": "locks_kernels.step",
-    "select_flat": "locks_kernels.step",
-    "takes_lse_parts": "locks_kernels.select",
     "build_completed_superpages": "locks_kernels.superpages",
     "superpage_scores": "locks_kernels.superpages",
     "superpage_slots": "locks_kernels.superpages",

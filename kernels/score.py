@@ -104,12 +104,12 @@ def _tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP
 @triton.jit
 def _score_pages_kernel(
     q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr, tiles_ptr, part_ptr,
+    out_ptr, tiles_ptr,
     stride_qs, stride_qh, stride_bt, stride_os, stride_oh, stride_ts, stride_th,
     scale, H, PMAX, NPROG,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
-    STAGES: tl.constexpr, LIST: tl.constexpr, LSE: tl.constexpr,
+    STAGES: tl.constexpr, LIST: tl.constexpr,
 ):
     i_p, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_tp = tl.arange(0, TP)
@@ -142,9 +142,6 @@ def _score_pages_kernel(
     q_lo = (q_int - (q_hi << 8)).to(tl.int8)
     q_hi = q_hi.to(tl.int8)
     p_bt = block_table_ptr + i_s * stride_bt
-    # with LSE, the running max and sum of 2^(score - max) of this program's pages per query head (base 2)
-    m_run = tl.full([GP], float("-inf"), tl.float32)
-    l_run = tl.zeros([GP], dtype=tl.float32)
     # Triton's software pipeliner issues the loads of the next STAGES - 1 tiles into shared memory (cp.async)
     # while this one is computed; the block-table entries go one stage earlier than the summaries they locate
     for i_t in tl.range(i_p, n_live, NPROG, num_stages=STAGES):
@@ -163,16 +160,6 @@ def _score_pages_kernel(
                             PTX)  # [TP, GP] base 2
         tl.store(p_out + o_slot[:, None], b_score * 0.6931471805599453,
                  mask=(o_slot[:, None] < PMAX) & m_g[None, :])
-        if LSE:
-            m_new = tl.maximum(m_run, tl.max(b_score, axis=0))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_run = l_run * tl.exp2(m_run - m_ref) + tl.sum(tl.exp2(b_score - m_ref[None, :]), axis=0)
-            m_run = m_new
-    if LSE:
-        # part (max, sum of exp(score - max)) in natural log, [S, HQ, NPROG, 2]: every program writes its own
-        p_part = part_ptr + ((i_s * H * G + i_h * G + o_g) * NPROG + i_p) * 2
-        tl.store(p_part, m_run * 0.6931471805599453, mask=m_g)
-        tl.store(p_part + 1, l_run, mask=m_g)
 
 
 #: launch shape by GQA group size, ``G <= 4`` and ``G > 4``: ``(HALF, tile_pages, num_warps, stages,
@@ -189,7 +176,7 @@ def _programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, 
     return max(1, min(tiles, sms * programs_per_sm // (seqs * heads)))
 
 
-def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles, lse):
+def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles):
     centroid, basis, coeffs, basis_scale, coeffs_scale = summaries
     seqs, num_q_heads, dim = q.shape
     heads, rank = centroid.shape[1], coeffs.shape[-1]
@@ -213,7 +200,6 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)
     assert out.shape == (seqs, num_q_heads, pmax) and out.dtype == torch.float32 and out.stride(-1) == 1
     nprog = _programs_per_head(seqs, heads, triton.cdiv(pmax, tile_pages), programs_per_sm, q.device)
-    parts = torch.empty(seqs, num_q_heads, nprog, 2, dtype=torch.float32, device=q.device) if lse else None
     _score_pages_kernel[(nprog, heads, seqs)](
         q,
         centroid,
@@ -225,7 +211,6 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         seq_lens,
         out,
         out if tiles is None else tiles,
-        out if parts is None else parts,
         q.stride(0),
         q.stride(1),
         block_table.stride(0),
@@ -251,10 +236,9 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         PTX=isinstance(_score_pages_kernel, triton.runtime.JITFunction),
         STAGES=stages,
         LIST=tiles is not None,
-        LSE=lse,
         num_warps=num_warps,
     )
-    return (out, parts) if lse else out
+    return out
 
 
 def score_pages(
@@ -267,8 +251,7 @@ def score_pages(
     scale: float | None = None,
     out: Tensor | None = None,
     tiles: Tensor | None = None,
-    lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
+) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Section 3.2, Eq. 2).
 
     ``s_j(q) = logsumexp_{i in page j} (scale * (q . mu_j + (V_j q) . c_i))``, as ``locks_engine.ops.score_pages``
@@ -289,7 +272,6 @@ def score_pages(
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
         tiles (Tensor | None): int `[S, H, M]` superpages (tiles of 16 pages) to score per KV head, ``-1``
             unused (the two-level selection's second level, ``superpages.py``); None scores every page.
-        lse (bool): also return each program's share of the heads' log-sum-exp (below).
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]` (natural log), ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages
         that are not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each. With
@@ -299,4 +281,4 @@ def score_pages(
         AssertionError: on shapes, strides or dtypes the kernel does not take.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles, lse)
+    return _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles)

@@ -3,8 +3,7 @@
 One to four launches, all of fixed shape (CUDA-graph safe), for scores `[S, HQ, Pmax]` cut into chunks of ``C`` pages
 (one when a single chunk holds every page: pass 2 then takes the heads' lse from the scores and writes the output):
 
-1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)``; not launched when
-   the caller passes the same parts from the score kernel (``score_pages(lse=True)``, ``lse_parts``).
+1. ``_chunk_lse_kernel``: per query head and chunk, the max and the sum of ``exp(score - max)``.
 2. ``_chunk_topk_kernel``: per KV head and chunk, the page priority of ``ops.select_pages`` (mean over the
    group's query heads of ``exp(score - lse)``, 2.0 for forced pages, none for pages past the sequence) as a
    32-bit key (``float bits + 1``, 0 = not a page), the K-th largest key by an 8-ary search
@@ -221,17 +220,7 @@ def _every_page(seq_lens: Tensor, page_size: int, out: Tensor) -> Tensor:
     return out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
 
 
-def takes_lse_parts(pmax: int, budget_pages: int) -> bool:
-    """Whether :func:`select_pages` over ``pmax`` score slots at ``budget_pages`` pages uses ``lse_parts``: only
-    a selection over more than one chunk has a first pass for them to replace."""
-    if budget_pages >= pmax:
-        return False
-    chunk, _ = _plan(pmax, triton.next_power_of_2(budget_pages))
-    return triton.cdiv(pmax, chunk) > 1
-
-
-def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles,
-                lse_parts):
+def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -251,14 +240,9 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     dev = scores.device
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
     cand_page = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)
+    part = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev)
     single = nchunk == 1
-    if lse_parts is not None:
-        assert lse_parts.shape[:2] == (seqs, num_q_heads) and lse_parts.shape[-1] == 2, "lse_parts: [S, HQ, N, 2]"
-        assert lse_parts.dtype == torch.float32 and lse_parts.is_contiguous(), "lse_parts: fp32, contiguous"
-        part, npart = lse_parts, lse_parts.shape[2]
-    else:
-        part, npart = torch.empty(seqs, num_q_heads, nchunk, 2, dtype=torch.float32, device=dev), nchunk
-    if not single and lse_parts is None:
+    if not single:
         _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
             scores,
             part,
@@ -287,13 +271,13 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         num_q_heads,
         pmax,
         nchunk,
-        npart,
+        nchunk,
         slots,
         B=page_size,
         G=groups,
         GB=min(triton.next_power_of_2(groups), max(1, BLOCK_SCORES // chunk)),
         C=chunk,
-        NPP=triton.next_power_of_2(npart),
+        NPP=triton.next_power_of_2(nchunk),
         KP=kp,
         SINK=sink_pages,
         RECENT=recent_pages,
@@ -352,7 +336,6 @@ def select_pages(
     recent_pages: int,
     out: Tensor | None = None,
     tiles: Tensor | None = None,
-    lse_parts: Tensor | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -374,13 +357,10 @@ def select_pages(
         tiles (Tensor | None): int `[S, H, Pmax / 16]` superpages ascending (``-1`` last, unused): slot
             ``16 i + j`` of ``scores`` is then page ``16 tiles[s, h, i] + j`` of KV head ``h`` (``score_pages``
             with ``tiles``), as ``locks_engine.ops.select.select_candidate_pages``; forced pages must be listed.
-        lse_parts (Tensor | None): fp32 `[S, HQ, N, 2]`, parts of each query head's log-sum-exp over ``scores``
-            (``score_pages(lse=True)``): replaces the first pass (one launch fewer) where
-            :func:`takes_lse_parts`; ignored where the selection has one chunk.
     Returns:
         Tensor: int64 `[S, H, min(K, Pmax)]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out,
-                       tiles, lse_parts)
+                       tiles)

@@ -7,32 +7,9 @@ from torch import Tensor
 
 from locks_kernels.attention import sparse_paged_attention
 from locks_kernels.score import score_pages
-from locks_kernels.select import select_pages, takes_lse_parts
+from locks_kernels.select import select_pages
 from locks_kernels.summaries import build_completed_page_summaries
 from locks_kernels.superpages import build_completed_superpages, select_two_level
-
-
-def select_flat(q: Tensor, summaries: tuple[Tensor, ...], block_table: Tensor, seq_lens: Tensor, page_size: int,
-                block_size: int, num_kv_heads: int, budget_pages: int, sink_pages: int, recent_pages: int,
-                scale: float | None = None) -> Tensor:
-    """The flat scan: ``score_pages`` over every page, then ``select_pages``; where the selection has more than
-    one chunk, the score kernel also writes the parts of each query head's log-sum-exp, which replace the
-    selection's first pass (``select.takes_lse_parts``).
-
-    Args: as :func:`decode_step` (``block_size`` tokens per KV cache block, ``num_kv_heads`` H).
-    Returns:
-        Tensor: int64 `[S, H, min(K, Pmax)]` pages ascending, ``-1`` in unused slots, as ``select_pages``.
-    Raises:
-        AssertionError: on shapes, strides or dtypes the kernels do not take.
-    """
-    pmax = block_table.shape[1] * (block_size // page_size)
-    parts = None
-    if takes_lse_parts(pmax, budget_pages):
-        scores, parts = score_pages(q, summaries, block_table, seq_lens, page_size, block_size, scale, lse=True)
-    else:
-        scores = score_pages(q, summaries, block_table, seq_lens, page_size, block_size, scale)
-    return select_pages(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages,
-                        lse_parts=parts)
 
 
 def decode_step(
@@ -82,6 +59,7 @@ def decode_step(
         selected = select_two_level(q, summaries, superpages, block_table, seq_lens, page_size, k_cache.shape[1],
                                     budget_pages, sink_pages, recent_pages, candidates, scale)[0]
     else:
-        selected = select_flat(q, summaries, block_table, seq_lens, page_size, k_cache.shape[1], k_cache.shape[2],
-                               budget_pages, sink_pages, recent_pages, scale)
+        scores = score_pages(q, summaries, block_table, seq_lens, page_size, k_cache.shape[1], scale)
+        selected = select_pages(scores, seq_lens, k_cache.shape[2], budget_pages, page_size, sink_pages,
+                                recent_pages)
     return sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, page_size, scale)

@@ -127,8 +127,10 @@ class CudaPath:
                 cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, selection.candidates, self.scale,
             )
             return selected, block_table, False, (chosen.shape[-1], coarse_fraction(cfg, self.head_size))
-        selected = lk.select_flat(q, summaries, block_table, seq_lens, cfg.page_size, block_size, self.num_kv_heads,
-                                  cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, self.scale)
+        scores = lk.score_pages(q, summaries, block_table, seq_lens, cfg.page_size, block_size, self.scale)
+        selected = lk.select_pages(
+            scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages
+        )
         return selected, block_table, False, None
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
