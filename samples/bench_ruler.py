@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from locks_bench.ruler import (
@@ -49,13 +50,18 @@ def on_cuda() -> bool:
 def run_part(spec: dict) -> int:
     """The child: one engine (``spec["setting"]`` at ``spec["context"]``), every task in turn; the part file is
     rewritten after each task, so a run stopped by its timeout keeps the tasks it finished. A ``RulerError``
-    (the wrong attention ran) ends it with status 1 and the error in the part file."""
+    (the wrong attention ran) or any other failure ends it with status 1 and the error in the part file (the
+    traceback in the log)."""
     part = {"setting": spec["setting"], "context": spec["context"], "tasks": []}
     try:
         run_tasks(spec, part)
     except RulerError as err:
         part["error"] = str(err)
         log(f"bench_ruler: {err}")
+        return 1
+    except Exception as err:  # noqa: BLE001 -- kept in the result, the run goes on with the next setting
+        traceback.print_exc()
+        part["error"] = f"{type(err).__name__}: {err}"
         return 1
     finally:
         Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
@@ -223,7 +229,12 @@ def print_table(paths: list[str]) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.part:
-        return run_part(json.loads(args.part))
+        status = run_part(json.loads(args.part))
+        # not through the interpreter's shutdown: the engine's teardown can hang there after a failure (seen on
+        # a GPU machine: the child outlived its setting's timeout); run_engine_process kills the process group
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     if args.table:
         return print_table(args.table)
     from locks_bench.results import header as result_header

@@ -99,3 +99,26 @@ def test_load_task_builds_seeded_then_keeps_then_reuses(tmp_path):
     # more samples than kept, or no cache: built again
     assert ruler_docs.load_task(FakeManager(), "niah_single_1", 16384, 1234, 5, model, cache)[1] == "built"
     assert ruler_docs.load_task(FakeManager(), "niah_single_1", 16384, 1234, 4, model, None)[1] == "built"
+
+
+def test_kept_samples_load_without_hashing_the_dataset(tmp_path, monkeypatch):
+    """Kept samples become lm-eval's dataset with their digest as its fingerprint: datasets' dill hashing of the
+    table, which failed on a GPU machine ("Can't pickle MonthDayNano"), is never asked for."""
+    pytest.importorskip("lm_eval")
+    import pickle
+
+    import datasets.fingerprint
+    from lm_eval.api.task import ConfigurableTask
+
+    model, cache = model_dir(tmp_path), tmp_path / "cache"
+    ruler_docs.load_task(FakeManager(), "niah_single_1", 16384, 1234, 4, model, cache)
+
+    def no_hashing(*args, **kwargs):
+        raise pickle.PicklingError("Can't pickle <class 'MonthDayNano'>")
+
+    monkeypatch.setattr(datasets.fingerprint.Hasher, "hash", no_hashing)
+    monkeypatch.setattr(datasets.fingerprint.Hasher, "update", no_hashing)
+    task, how = ruler_docs.load_task(FakeManager(download=lambda t: ConfigurableTask.download(t)), "niah_single_1",
+                                     16384, 1234, 4, model, cache)
+    assert how == "kept" and len(task.dataset["test"]) == 4
+    assert task.dataset["test"]._fingerprint

@@ -109,12 +109,19 @@ def load_task(manager: Any, task: str, length: int, seed: int, limit: int, model
 
 def _load_with_docs(manager: Any, task: str, docs: list[dict]) -> Any:
     import datasets
+    from datasets.table import InMemoryTable
     from lm_eval.api.task import ConfigurableTask
 
     original = ConfigurableTask.download
 
+    # the docs' own digest as the dataset's fingerprint: ``Dataset.from_list`` would hash the table and its
+    # features with dill, which failed on one GPU machine (pyarrow 26 under Python 3.12.3: "Can't pickle
+    # MonthDayNano") and is not needed, the samples being fixed
+    table = InMemoryTable.from_pylist(docs)
+    digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()[:16]
+
     def download(self, dataset_kwargs=None, **kwargs) -> None:
-        self.dataset = datasets.DatasetDict({self.config.test_split: datasets.Dataset.from_list(docs)})
+        self.dataset = datasets.DatasetDict({self.config.test_split: datasets.Dataset(table, fingerprint=digest)})
 
     ConfigurableTask.download = download
     try:
