@@ -89,6 +89,9 @@ def read_input(doc: Path) -> DocumentInput:
     from locks_chat.ingest.load import read_bounded, read_document_bytes
 
     if str(doc) != "-":
+        if doc.is_fifo():  # opening it waits for a writer: say so rather than hang silently
+            print(f"{' '.join(str(doc).split())}: a named pipe; waiting for data to be written to it (Ctrl+C to "
+                  "stop)", file=sys.stderr, flush=True)
         return DocumentInput(read_document_bytes(doc), str(doc), doc)
     stdin = sys.stdin
     if stdin is None or stdin.isatty():

@@ -288,3 +288,24 @@ def test_help_names_the_follow_up_options():
     result = runner.invoke(app, ["ask", "--help"])
     assert result.exit_code == 0
     assert "--continue" in result.stdout and "--session" in result.stdout and "standard input" in result.stdout
+
+
+def test_a_named_pipe_as_the_document_says_it_waits_for_a_writer(tmp_path, capsys):
+    import os
+    import threading
+
+    from locks_chat.followup import read_input
+
+    fifo = tmp_path / "notes.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(b"# Notes\n\nThe keeper was Ann Marsh.\n")
+
+    writer = threading.Timer(0.2, write)
+    writer.start()
+    document = read_input(fifo)
+    writer.join()
+    assert document.data.startswith(b"# Notes") and document.path == fifo
+    assert f"{fifo}: a named pipe; waiting for data to be written to it" in capsys.readouterr().err
