@@ -436,3 +436,27 @@ async def test_superscript_digits_in_commands_are_refused_with_the_usual_message
         said = " ".join(notices(app))
         assert ("needs a positive whole number" in said) if command != "/pages ²" else ("valid pages" in said)
         assert "ValueError" not in said
+
+
+async def test_a_session_deleted_from_another_terminal_is_said_and_export_still_works(book):
+    """``locks-chat sessions delete N`` while the window has N open: the next answer is saved in a new session
+    and a warning says so; ``/export`` writes the conversation (was: a traceback, then every question failed)."""
+    app = build_app(book, ChatOptions(), Factory(FakeEngine(answer="Blue (p. 1).")))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "First?")
+        await until(pilot, lambda: not app.screen.answering, what="the first answer")
+        store = SessionStore()
+        gone = app.screen.chat.session.id
+        assert store.delete(gone)
+        prompt = app.screen.query_one(PromptInput)
+        prompt.value = "/export"
+        await pilot.press("enter")
+        await until(pilot, lambda: any("Transcript saved" in m for m in notices(app)), what="the export")
+        await ask(pilot, "Second?")
+        await until(pilot, lambda: not app.screen.answering and len(app.screen.chat.turns) == 2,
+                    what="the second answer")
+        await until(pilot, lambda: any(f"Session {gone} was deleted" in m for m in notices(app, "warning")),
+                    what="the warning")
+        now = app.screen.chat.session.id
+    assert now != gone and [t.question for t in store.turns(now)] == ["Second?"]
+    assert [t.status for t in store.turns(now)] == ["done"]
