@@ -24,6 +24,7 @@ Run (writes ``kernels.json``, ``kernels_full.json`` and ``kernels.png`` under ``
     python samples/bench_kernels.py --out samples/results
     python samples/bench_kernels.py --out OUT --baseline-module locks_kernels_old --baseline-only
     python samples/bench_kernels.py --out OUT --two-level 2,4,8
+    python samples/bench_kernels.py --out OUT --select-chunks 512,1024,2048,4096
 """
 
 from __future__ import annotations
@@ -243,6 +244,47 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int]) -> list[dic
     return rows
 
 
+#: flat-selection plans: (name, shape in SHAPES, context tokens), batch 1
+SELECT_PLANS = (("llama-3.1-8b 128K", "llama-3.1-8b", 1 << 17), ("llama-3.1-8b 256K", "llama-3.1-8b", 1 << 18),
+                ("glm-4-9b 1M", "glm-4-9b", 1 << 20))
+
+
+def select_chunks(timer: Timer, cfg: LocksConfig, chunks: list[int]) -> list[dict]:
+    """The flat decode step (``build=False``) with ``locks_kernels.select.CHUNK`` (pages per first-pass program)
+    at each of ``chunks``, interleaved replays on the same cache, summaries and queries, at
+    :data:`SELECT_PLANS`' shapes, batch 1; each plan's attention output checked equal to the first's (the same pages). Each step is
+    captured with its own constant (the launch grids and the merge's width follow it)."""
+    from locks_kernels import select
+
+    default = select.CHUNK
+    budget = budget_args(cfg)
+    rows = []
+    try:
+        for label, shape, ctx in SELECT_PLANS:
+            h, hq, d = SHAPES[shape]
+            s = Setup(h, hq, d, 1, ctx, cfg)
+            table, lens = s.views(ctx)
+            outs, steps = {}, {}
+            for chunk in chunks:
+                def step(chunk=chunk):
+                    select.CHUNK = chunk
+                    return lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget, build=False)
+                outs[chunk] = step()[0].clone()
+                steps[f"chunk{chunk}"] = step
+            ms = timer.interleaved(steps)
+            row = {"shape": label, "context": ctx, "kv_heads": h, "q_heads": hq, "batch": 1, "budget": cfg.budget,
+                   "ms": {c: ms[f"chunk{c}"] for c in chunks},
+                   "same_output": all(torch.equal(outs[c], outs[chunks[0]]) for c in chunks)}
+            rows.append(row)
+            print(f"{label:18s} " + " | ".join(f"chunk {c} {row['ms'][c] * 1e3:6.1f} us" for c in chunks)
+                  + f" | outputs {'equal' if row['same_output'] else 'DIFFER'}", flush=True)
+            del s, steps, outs
+            torch.cuda.empty_cache()
+    finally:
+        select.CHUNK = default
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("samples/results"))
@@ -256,6 +298,8 @@ def main() -> None:
     ap.add_argument("--baseline-only", action="store_true", help="with --baseline-module: only that comparison")
     ap.add_argument("--two-level", default="", help="comma-separated c: time the two-level selection's decode "
                     "step against the flat scan's (two_level.json), then stop")
+    ap.add_argument("--select-chunks", default="", help="comma-separated pages per first-pass program of the "
+                    "flat selection: time the decode step with each (select_chunks.json), then stop")
     args = ap.parse_args()
     changed = {k: v for k, v in vars(args).items() if k != "out" and v != ap.get_default(k)}
     command = "python samples/bench_kernels.py" + "".join(
@@ -267,6 +311,12 @@ def main() -> None:
     if args.two_level:
         rows = two_level(timer, cfg, [int(c) for c in args.two_level.split(",")])
         (args.out / "two_level.json").write_text(json.dumps(
+            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
+             "rows": rows}, indent=1))
+        return
+    if args.select_chunks:
+        rows = select_chunks(timer, cfg, [int(c) for c in args.select_chunks.split(",")])
+        (args.out / "select_chunks.json").write_text(json.dumps(
             {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
              "rows": rows}, indent=1))
         return
