@@ -92,9 +92,13 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
                     f"{sizes[shortest]:,} tokens; {room:,} fit beside the prompt and the answer)")
     else:
         # not even the shortest page fits beside the prompt and the room for the answer: which to cut
-        most = max_context - overhead - (sizes[shortest] if sizes else 0)
-        if most >= 16 and max_tokens > most:
-            ways.append(f"pass a smaller --max-tokens (at most {most:,} leaves room for the shortest page)")
+        whole = max_context - overhead - prompt.document_tokens  # room for the answer beside every page
+        most = max_context - overhead - (sizes[shortest] if sizes else 0)  # beside the shortest page alone
+        if whole >= 16 and max_tokens > whole:
+            ways.append(f"pass a smaller --max-tokens (at most {whole:,} leaves room for every page)")
+        elif most >= 16 and max_tokens > most:
+            ways.append(f"pass a smaller --max-tokens and --pages with fewer pages (at most {most:,} tokens of "
+                        f"answer leave room for the shortest page, p. {prompt.pages[shortest].label})")
         if overhead > max_context // 2:
             ways.append("ask a shorter question")
     fixes = "; " + " or ".join(ways) + ", or use" if ways else ": not one page fits; use"

@@ -70,12 +70,13 @@ def test_advice_counts_each_pages_tokens_not_the_average():
     prompt = build_prompt(WordTokenizer(), doc, ["q"])
     with pytest.raises(ContextError, match=r"--pages with shorter pages than the first \(p\. 2 holds \d+ tokens"):
         check_fits(prompt, doc, 700, 256)
-    with pytest.raises(ContextError, match=r"smaller --max-tokens \(at most (\d+) leaves room") as err:
+    with pytest.raises(ContextError, match=r"smaller --max-tokens and --pages with fewer pages \(at most \d+ tokens "
+                                           r"of answer leave room for the shortest page, p\. 2\)") as err:
         check_fits(prompt, doc, 700, 600)
     most = int(err.value.message.split("at most ")[1].split(" ")[0])
     alone = make_doc([" ".join(["word"] * 40)])
     check_fits(build_prompt(WordTokenizer(), alone, ["q"]), alone, 700, most)
-    assert "fewer pages" not in err.value.message
+    assert "--pages with about" not in err.value.message, "no prefix of pages fits: none is proposed"
 
 
 def test_citations_match_labels():
