@@ -308,23 +308,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     timer = Timer(args.reps)
+
+    def write(name: str, rows: list[dict], **extra) -> None:
+        (args.out / name).write_text(json.dumps(
+            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps, **extra,
+             "rows": rows}, indent=1))
+
     if args.two_level:
-        rows = two_level(timer, cfg, [int(c) for c in args.two_level.split(",")])
-        (args.out / "two_level.json").write_text(json.dumps(
-            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
-             "rows": rows}, indent=1))
-        return
+        return write("two_level.json", two_level(timer, cfg, [int(c) for c in args.two_level.split(",")]))
     if args.select_chunks:
-        rows = select_chunks(timer, cfg, [int(c) for c in args.select_chunks.split(",")])
-        (args.out / "select_chunks.json").write_text(json.dumps(
-            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
-             "rows": rows}, indent=1))
-        return
+        return write("select_chunks.json",
+                     select_chunks(timer, cfg, [int(c) for c in args.select_chunks.split(",")]))
     if args.baseline_module:
-        rows = baseline(args.baseline_module, timer, cfg)
-        (args.out / "baseline.json").write_text(json.dumps(
-            {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command, "reps": args.reps,
-             "baseline_module": args.baseline_module, "rows": rows}, indent=1))
+        write("baseline.json", baseline(args.baseline_module, timer, cfg), baseline_module=args.baseline_module)
         if args.baseline_only:
             return
     start = time.perf_counter()
