@@ -80,8 +80,7 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
         return
     overhead = len(prompt.token_ids) - prompt.document_tokens
     room = max_context - max_tokens - overhead
-    ends = (*prompt.page_token_starts[1:], prompt.document_token_range[1])
-    sizes = [end - start for start, end in zip(prompt.page_token_starts, ends)]  # tokens, markers included
+    sizes = prompt.page_tokens
     fit = sum(1 for total in itertools.accumulate(sizes) if total <= room)
     shortest = min(range(len(sizes)), key=sizes.__getitem__) if sizes else None
     ways = []

@@ -38,6 +38,12 @@ class Prompt:
     def document_tokens(self) -> int:
         return self.document_token_range[1] - self.document_token_range[0]
 
+    @property
+    def page_tokens(self) -> list[int]:
+        """Tokens of each entry of ``pages`` (its marker included), in prompt order."""
+        ends = (*self.page_token_starts[1:], self.document_token_range[1])
+        return [end - start for start, end in zip(self.page_token_starts, ends)]
+
     def pages_in_tokens(self, start: int, end: int) -> list[DocPage]:
         """Document pages whose tokens overlap prompt tokens ``[start, end)``."""
         lo, hi = max(start, self.document_token_range[0]), min(end, self.document_token_range[1])

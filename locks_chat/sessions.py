@@ -72,9 +72,14 @@ _OTHER_SCHEMA = re.compile(r"no such (table|column)|has no column", re.IGNORECAS
 """how SQLite words a database whose tables are not this store's"""
 
 
+def _error_kind(err: sqlite3.Error) -> str:
+    """SQLite's primary result code of ``err`` without its prefix: ``BUSY`` for ``SQLITE_BUSY_SNAPSHOT``."""
+    return (getattr(err, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
+
+
 def _store_error(path: Path, err: sqlite3.Error) -> SessionStoreError | None:
     """The one-line error for an SQLite failure the user can fix, None for one that is a bug."""
-    kind = (getattr(err, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
+    kind = _error_kind(err)
     reason = exception_reason(err)
     if kind in _UNREADABLE or (kind == "ERROR" and _OTHER_SCHEMA.search(str(err))):
         return SessionStoreError(
@@ -187,8 +192,7 @@ class SessionStore:
                 return db
             except sqlite3.OperationalError as err:
                 db.close()
-                kind = (getattr(err, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
-                if kind not in _LOCKED or time.monotonic() > deadline:
+                if _error_kind(err) not in _LOCKED or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 
