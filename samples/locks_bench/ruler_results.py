@@ -106,7 +106,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     columns = list(dict.fromkeys((row["context"], row["setting"]) for row in rows))
     tasks = list(dict.fromkeys(row["task"] for row in rows))
     cell = {(row["task"], row["context"], row["setting"]): row for row in rows}
-    lines = ["| task | " + " | ".join(f"{context // 1024}K {setting}" for context, setting in columns) + " |",
+    lines = ["| task | " + " | ".join(f"{round(context / 1024)}K {setting}" for context, setting in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for task in tasks:
         shown = [cell.get((task, *column)) for column in columns]
