@@ -35,6 +35,9 @@ def parse_args(argv):
     ap.add_argument("--nltk-data", help="where NLTK's punkt_tab is kept (default: the user cache)")
     ap.add_argument("--capture-file", help="keep the capture here (.pt) and reuse it when its ids match")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--top-p-max", type=int, metavar="PAGES",
+                    help="also compare the fixed budget with top-p over LOCKS' estimates at the same mean pages, "
+                         "at most PAGES a step, layer and KV head (locks_bench/mass_budget.py; the result's top_p)")
     ap.add_argument("--out-dir", default="samples/results")
     return ap.parse_args(argv)
 
@@ -106,11 +109,17 @@ def run(args, p: dict) -> dict:
         if cached:
             torch.save(data, cached)
     start = time.perf_counter()
-    m = measure(data, n_prompt + n_ans - 1, p["cfg"], pages)
+    orders = [] if args.top_p_max else None
+    m = measure(data, n_prompt + n_ans - 1, p["cfg"], pages, orders)
     log(f"measured {m['kept'].shape[0]} layers x {m['kept'].shape[1]} KV heads in {time.perf_counter() - start:.0f} s")
     tokens = [tok.decode([i]) for i in ans["input_ids"]]
     locks_ids = tok(p["locks"]["answer"], add_special_tokens=False)["input_ids"]
     summary = summarize(m, words, pages, starts, tokens)
+    if orders is not None:
+        from locks_bench.mass_budget import compare
+
+        steps_of_word = {w: [t for t, s in starts.items() if s == w] for w in words}
+        summary["top_p"] = compare(orders, p["cfg"].budget_pages, args.top_p_max, pages, steps_of_word)
     prompt_pages = -(-n_prompt // p["cfg"].page_size)
     any_word = sorted({pg for ps in pages.values() for pg in ps})
     return {"prompt_tokens": n_prompt, "ruler_length": doc["length"], "ruler_length_counted": ruler_tokens,
@@ -151,6 +160,15 @@ def main(argv=None) -> int:
     for word, w in out["words"].items():
         print(f"{word:<14} {len(w['pages']):>3} pages, answer steps {w['answer_steps']}, read over all steps: "
               f"{p['setting']} {w['locks_share_all_steps']:.2f}, oracle {w['oracle_share_all_steps']:.2f}")
+    if "top_p" in out:
+        c = out["top_p"]
+        for name in ("fixed", "top_p"):
+            r = c[name]
+            print(f"{name:>6}: mass kept {r['kept_mean']:.3f}, worst layer {r['kept_worst_layer'][1]:.3f} "
+                  f"({r['kept_worst_layer'][0]}), pages a layer {min(r['pages_per_layer']):.0f}-"
+                  f"{max(r['pages_per_layer']):.0f}, answer's pages read " +
+                  ", ".join(f"{w} {v:.2f}" for w, v in r["word_read"].items()))
+        print(f"top-p: p = {c['level']}, at most {c['k_max']} pages, the same mean pages as {c['k']} fixed")
     head = header("ruler_failure.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA",
                                              "--capture-file": "CAPTURE_FILE"})
     result = {**head, "task": args.task, "length": args.length, "setting": p["setting"], "doc_id": p["doc_id"],

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from locks_bench.mass_budget import read_order
 from locks_bench.ruler import OFFLINE_ENV, TASKS, RulerError, nltk_data_env, task_metadata
 from locks_engine.config import QUEST_FORMATS, LocksConfig
 from locks_engine.fidelity import DecodeSteps
@@ -173,7 +174,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[str, list[int]]) -> dict[str, Tensor]:
+def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[str, list[int]],
+            orders: list | None = None) -> dict[str, Tensor]:
     """LOCKS' and the oracle's selections at ``cfg``'s budget on every layer and KV head of a capture (Quest's in
     LOCKS' place when ``cfg.summary_format`` is a Quest format: ``DecodeSteps.scores("quest")``).
 
@@ -181,6 +183,8 @@ def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[st
         data (dict): ``capture_ids``' output: ``k`` `[L, H, N, D]`, ``q`` `[L, HQ, T, D]`, ``positions`` `[T]`.
         seq_len (int): tokens the keys cover (N); padded to whole pages here (masked: past every position).
         word_page_lists (dict): word -> pages holding it (W words).
+        orders (list | None): when given, ``mass_budget.read_order`` of every layer's KV heads is appended to it
+            (``orders[layer][kv_head]``), for :func:`locks_bench.mass_budget.compare`.
     Returns:
         dict: ``kept``, ``oracle_kept`` `[L, H, T]` true mass on the pages read, mean over the group's query heads;
         ``word_mass`` `[L, H, T, W]` true mass on each word's pages; ``locks_share``, ``oracle_share``
@@ -204,7 +208,12 @@ def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[st
             keys = torch.nn.functional.pad(data["k"][layer, head, :seq_len].float(), (0, 0, 0, pad))  # [N, D]
             q = data["q"][layer, head * groups:(head + 1) * groups].transpose(0, 1)  # [T, G, D]
             steps = DecodeSteps(keys, q, data["positions"], page_size=cfg.page_size)
-            mask = steps.selected_mask(steps.scores(selector, cfg), cfg)  # [T, P]
+            scores = steps.scores(selector, cfg)
+            mask = steps.selected_mask(scores, cfg)  # [T, P]
+            if orders is not None:
+                if head == 0:
+                    orders.append([])
+                orders[-1].append(read_order(steps, scores, cfg))
             oracle = steps.oracle_mask(cfg)
             t = len(data["positions"])
             out["kept"].append(steps.mass_kept(mask).mean(-1))
