@@ -38,6 +38,8 @@ def parse_args(argv):
     ap.add_argument("--top-p-max", type=int, metavar="PAGES",
                     help="also compare the fixed budget with top-p over LOCKS' estimates at the same mean pages, "
                          "at most PAGES a step, layer and KV head (locks_bench/mass_budget.py; the result's top_p)")
+    ap.add_argument("--top-p-min", type=int, default=0, metavar="PAGES",
+                    help="with --top-p-max: at least PAGES a step, layer and KV head")
     ap.add_argument("--out-dir", default="samples/results")
     return ap.parse_args(argv)
 
@@ -119,7 +121,8 @@ def run(args, p: dict) -> dict:
         from locks_bench.mass_budget import compare
 
         steps_of_word = {w: [t for t, s in starts.items() if s == w] for w in words}
-        summary["top_p"] = compare(orders, p["cfg"].budget_pages, args.top_p_max, pages, steps_of_word)
+        summary["top_p"] = compare(orders, p["cfg"].budget_pages, args.top_p_max, pages, steps_of_word,
+                                     args.top_p_min)
     prompt_pages = -(-n_prompt // p["cfg"].page_size)
     any_word = sorted({pg for ps in pages.values() for pg in ps})
     return {"prompt_tokens": n_prompt, "ruler_length": doc["length"], "ruler_length_counted": ruler_tokens,
@@ -166,9 +169,9 @@ def main(argv=None) -> int:
             r = c[name]
             print(f"{name:>6}: mass kept {r['kept_mean']:.3f}, worst layer {r['kept_worst_layer'][1]:.3f} "
                   f"({r['kept_worst_layer'][0]}), pages a layer {min(r['pages_per_layer']):.0f}-"
-                  f"{max(r['pages_per_layer']):.0f}, answer's pages read " +
-                  ", ".join(f"{w} {v:.2f}" for w, v in r["word_read"].items()))
-        print(f"top-p: p = {c['level']}, at most {c['k_max']} pages, the same mean pages as {c['k']} fixed")
+                  f"{max(r['pages_per_layer']):.0f}, answer's pages read (its steps / all) " +
+                  ", ".join(f"{w} {v:.2f} / {r['word_read_all_steps'][w]:.2f}" for w, v in r["word_read"].items()))
+        print(f"top-p: p = {c['level']}, {c['k_min']} to {c['k_max']} pages, the same mean pages as {c['k']} fixed")
     head = header("ruler_failure.py", argv, {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA",
                                              "--capture-file": "CAPTURE_FILE"})
     result = {**head, "task": args.task, "length": args.length, "setting": p["setting"], "doc_id": p["doc_id"],

@@ -93,3 +93,13 @@ def test_top_p_moves_pages_to_the_spread_layer_and_keeps_more_there():
     assert top_p["pages_per_layer"][1] > top_p["pages_per_layer"][0]
     assert fixed["kept_worst_layer"][0] == 1
     assert top_p["kept_worst_layer"][1] > fixed["kept_worst_layer"][1]
+
+
+def test_a_floor_keeps_pages_in_every_layer_at_the_same_mean():
+    sharp, diffuse = steps(6, spread=6.0), steps(7, spread=0.3)
+    orders = [[oracle_order(sharp)], [oracle_order(diffuse)]]
+    c = compare(orders, CFG.budget_pages, 24, {}, {}, k_min=3)
+    assert min(c["top_p"]["pages_per_layer"]) >= 3
+    assert abs(sum(c["top_p"]["pages_per_layer"]) / 2 - 4.0) <= 0.5
+    with pytest.raises(ValueError, match="at least 5.0 pages"):
+        compare(orders, CFG.budget_pages, 24, {}, {}, k_min=5)

@@ -50,11 +50,11 @@ def pages_fixed(ordered: dict[str, Tensor], k: int) -> Tensor:
     return ordered["valid"].clamp(max=max(k, 1)).maximum(ordered["forced"])
 
 
-def pages_top_p(ordered: dict[str, Tensor], level: float, k_max: int) -> Tensor:
-    """int64 `[T]`: the fewest pages in read order whose estimated shares reach ``level``, at least the forced
-    pages, at most ``k_max`` and the step's pages."""
+def pages_top_p(ordered: dict[str, Tensor], level: float, k_max: int, k_min: int = 0) -> Tensor:
+    """int64 `[T]`: the fewest pages in read order whose estimated shares reach ``level``, at least ``k_min`` and
+    the forced pages, at most ``k_max`` and the step's pages."""
     n = (ordered["est_cum"] < level).sum(-1) + 1
-    return n.clamp(max=k_max).minimum(ordered["valid"]).maximum(ordered["forced"])
+    return n.clamp(min=k_min, max=k_max).minimum(ordered["valid"]).maximum(ordered["forced"])
 
 
 def kept(ordered: dict[str, Tensor], n: Tensor) -> Tensor:
@@ -70,12 +70,17 @@ def reads(ordered: dict[str, Tensor], n: Tensor, page_list: list[int]) -> Tensor
     return (rank[:, page_list] < n.unsqueeze(-1)).float().mean(-1)
 
 
-def level_for_mean_pages(orders: list[dict[str, Tensor]], target: float, k_max: int, iters: int = 40) -> float:
-    """The ``p`` in ``[0, 1]`` whose top-p reads ``target`` pages on average over ``orders`` (bisection; the mean
-    rises with ``p``). Raises ValueError when even ``p = 1`` (every page up to ``k_max``) reads fewer."""
+def level_for_mean_pages(orders: list[dict[str, Tensor]], target: float, k_max: int, k_min: int = 0,
+                         iters: int = 40) -> float:
+    """The ``p`` in ``[0, 1]`` whose top-p (within ``k_min .. k_max`` pages) reads ``target`` pages on average over
+    ``orders`` (bisection; the mean rises with ``p``). Raises ValueError when even ``p = 1`` reads fewer, or
+    ``p = 0`` (``k_min`` pages) more."""
     def mean_pages(level: float) -> float:
-        return torch.cat([pages_top_p(o, level, k_max).float() for o in orders]).mean().item()
+        return torch.cat([pages_top_p(o, level, k_max, k_min).float() for o in orders]).mean().item()
 
+    if mean_pages(0.0) > target:
+        raise ValueError(f"top-p reads at least {mean_pages(0.0):.1f} pages on average (k_min = {k_min}), "
+                         f"above the target {target:.1f}")
     if mean_pages(1.0) < target:
         raise ValueError(f"top-p reads at most {mean_pages(1.0):.1f} pages on average (k_max = {k_max}), "
                          f"below the target {target:.1f}")
@@ -87,28 +92,34 @@ def level_for_mean_pages(orders: list[dict[str, Tensor]], target: float, k_max: 
 
 
 def compare(orders: list[list[dict[str, Tensor]]], k: int, k_max: int,
-            word_page_lists: dict[str, list[int]], steps_of_word: dict[str, list[int]]) -> dict:
+            word_page_lists: dict[str, list[int]], steps_of_word: dict[str, list[int]], k_min: int = 0) -> dict:
     """Fixed top-``k`` against top-p at the same mean pages, over a capture's layers and KV heads.
 
     Args:
         orders (list): ``orders[layer][kv_head]``, ``read_order``'s output (``T`` steps each).
-        k (int): the fixed budget (pages); k_max (int): top-p's bound (pages, static under CUDA graphs).
+        k (int): the fixed budget (pages); k_max, k_min (int): top-p's bounds (pages; ``k_max`` is static under
+            CUDA graphs; ``k_min`` a floor every layer keeps).
         word_page_lists (dict): word -> pages holding it; steps_of_word (dict): word -> steps that write it.
     Returns:
         dict: ``level`` (p), and per policy (``fixed``, ``top_p``): ``kept_mean``, ``kept_per_layer`` (mean over
         KV heads and steps), ``kept_worst_layer`` (its index and value), ``pages_per_layer`` (mean pages read),
-        ``word_read`` (word -> share of its pages read at its steps, mean over layers and KV heads).
+        ``word_read`` (word -> share of its pages read at its steps, mean over layers and KV heads),
+        ``word_read_all_steps`` (the same over every step).
     """
     flat = [o for layer in orders for o in layer]
-    level = level_for_mean_pages(flat, float(torch.cat([pages_fixed(o, k).float() for o in flat]).mean()), k_max)
-    out = {"k": k, "k_max": k_max, "level": round(level, 4)}
-    for name, pick in (("fixed", lambda o: pages_fixed(o, k)), ("top_p", lambda o: pages_top_p(o, level, k_max))):
+    target = float(torch.cat([pages_fixed(o, k).float() for o in flat]).mean())
+    level = level_for_mean_pages(flat, target, k_max, k_min)
+    out = {"k": k, "k_max": k_max, "k_min": k_min, "level": round(level, 4)}
+    for name, pick in (("fixed", lambda o: pages_fixed(o, k)),
+                       ("top_p", lambda o: pages_top_p(o, level, k_max, k_min))):
         kept_l, pages_l, words = [], [], {w: [] for w in word_page_lists}
+        words_all = {w: [] for w in word_page_lists}
         for layer in orders:
             ns = [pick(o) for o in layer]
             kept_l.append(torch.stack([kept(o, n) for o, n in zip(layer, ns)]).mean().item())
             pages_l.append(torch.stack([n.float() for n in ns]).mean().item())
             for w, pl in word_page_lists.items():
+                words_all[w].append(torch.stack([reads(o, n, pl) for o, n in zip(layer, ns)]).mean().item())
                 t = steps_of_word.get(w, [])
                 if t:
                     words[w].append(torch.stack([reads(o, n, pl)[t] for o, n in zip(layer, ns)]).mean().item())
@@ -117,5 +128,6 @@ def compare(orders: list[list[dict[str, Tensor]]], k: int, k_max: int,
                      "kept_per_layer": [round(x, 3) for x in kept_l],
                      "kept_worst_layer": [worst, round(kept_l[worst], 3)],
                      "pages_per_layer": [round(x, 1) for x in pages_l],
-                     "word_read": {w: round(sum(v) / len(v), 3) for w, v in words.items() if v}}
+                     "word_read": {w: round(sum(v) / len(v), 3) for w, v in words.items() if v},
+                     "word_read_all_steps": {w: round(sum(v) / len(v), 3) for w, v in words_all.items() if v}}
     return out
