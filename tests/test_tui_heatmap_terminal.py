@@ -84,13 +84,13 @@ def test_heat_map_grows_per_token_bins_and_steps_in_a_real_terminal(terminal):
     terminal.wait_for(lambda s: "Ready:" in s, timeout=60, what="the app")
     terminal.type_text("Tell me about the coast.")
     terminal.send("Enter")
-    live: dict[int, int] = {}
+    live: dict[int, set[int]] = {}  # token in the headline -> the map's half rows seen with it
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         screen = terminal.capture(escapes=True)
         heat = HeatMap(screen)
         if heat.token:
-            live.setdefault(heat.token, heat.half_rows())
+            live.setdefault(heat.token, set()).add(heat.half_rows())
         plain = Text.from_ansi(screen).plain
         if "Ready:" in plain and "tokens ·" in plain:  # the status panel, and the answer's footer
             break
@@ -98,7 +98,10 @@ def test_heat_map_grows_per_token_bins_and_steps_in_a_real_terminal(terminal):
     heat = HeatMap(terminal.capture(escapes=True))
     assert heat.token == 62 and heat.of is None, Text.from_ansi(terminal.capture(escapes=True)).plain
     early = [(token, rows) for token, rows in sorted(live.items()) if token < 2 * len(heat.lines)]
-    assert len(early) >= 2 and all(rows == token for token, rows in early), f"a row per token: {early}"
+    # a row per token; a capture can catch the terminal mid-frame (the headline drawn, the new row not yet: seen
+    # on a loaded 2-core machine), never a row ahead of its token or two behind
+    assert all(max(rows) <= token <= min(rows) + 1 for token, rows in early), f"a row per token: {early}"
+    assert sum(token in rows for token, rows in early) >= 2, f"a row per token: {early}"
 
     per_row = int(re.search(r"(\d+) tokens a row", heat.legend).group(1))
     assert heat.half_rows() == math.ceil(62 / per_row) <= 2 * len(heat.lines)
