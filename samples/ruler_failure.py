@@ -61,6 +61,11 @@ def prepare(args) -> dict:
     args.model = check_model_dir(args.model)
     setting = parse_setting(args.setting)
     cfg = locks_settings(setting, args.length)
+    if args.top_p_min and not args.top_p_max:
+        raise RulerError("--top-p-min needs --top-p-max")
+    if args.top_p_max and not args.top_p_min <= cfg.budget_pages <= args.top_p_max:
+        raise RulerError(f"--top-p-min {args.top_p_min} / --top-p-max {args.top_p_max}: the budget's "
+                         f"{cfg.budget_pages} pages must lie between them (top-p reads as many on average)")
     results = []
     for path in args.results:
         try:

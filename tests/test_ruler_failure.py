@@ -142,7 +142,9 @@ def test_script_refuses_bad_input_with_one_line(tmp_path):
     cases = [(["--model", str(tmp_path / "none")], "not a directory"),
              (["--model", str(model), "--task", "ruler_qa"], "--task ruler_qa"),
              (["--model", str(model), "--doc-id", "7"], "--doc-id 7"),
-             (["--model", str(model), "--results", str(tmp_path / "missing.json")], "missing.json")]
+             (["--model", str(model), "--results", str(tmp_path / "missing.json")], "missing.json"),
+             (["--model", str(model), "--top-p-min", "4"], "--top-p-min needs --top-p-max"),
+             (["--model", str(model), "--top-p-max", "2"], "must lie between them")]
     for extra, needle in cases:
         args = ["--results", str(results), *extra] if "--results" not in extra else extra
         out = run_script(*args)
