@@ -119,10 +119,10 @@ def compare(orders: list[list[dict[str, Tensor]]], k: int, k_max: int,
             kept_l.append(torch.stack([kept(o, n) for o, n in zip(layer, ns)]).mean().item())
             pages_l.append(torch.stack([n.float() for n in ns]).mean().item())
             for w, pl in word_page_lists.items():
-                words_all[w].append(torch.stack([reads(o, n, pl) for o, n in zip(layer, ns)]).mean().item())
-                t = steps_of_word.get(w, [])
-                if t:
-                    words[w].append(torch.stack([reads(o, n, pl)[t] for o, n in zip(layer, ns)]).mean().item())
+                read = torch.stack([reads(o, n, pl) for o, n in zip(layer, ns)])  # [H, T]
+                words_all[w].append(read.mean().item())
+                if steps_of_word.get(w):
+                    words[w].append(read[:, steps_of_word[w]].mean().item())
         worst = min(range(len(kept_l)), key=kept_l.__getitem__)
         out[name] = {"kept_mean": round(sum(kept_l) / len(kept_l), 4),
                      "kept_per_layer": [round(x, 3) for x in kept_l],
