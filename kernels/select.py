@@ -30,15 +30,21 @@ from torch import Tensor
 
 
 @triton.jit
-def _chunk_lse_kernel(scores_ptr, part_ptr, stride_ss, stride_sh, HQ, PMAX, NCHUNK, C: tl.constexpr):
+def _chunk_lse_kernel(scores_ptr, seq_lens_ptr, part_ptr, stride_ss, stride_sh, HQ, PMAX, NCHUNK,
+                      B: tl.constexpr, C: tl.constexpr):
     i_c, i_hq, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    o_p = i_c * C + tl.arange(0, C)
-    b_s = tl.load(scores_ptr + i_s * stride_ss + i_hq * stride_sh + o_p, mask=o_p < PMAX, other=float("-inf"))
-    b_max = tl.max(b_s, axis=0)
-    b_sum = tl.sum(tl.exp(b_s - tl.where(b_max == float("-inf"), 0.0, b_max)), axis=0)
     p_part = part_ptr + ((i_s * HQ + i_hq) * NCHUNK + i_c) * 2
-    tl.store(p_part, b_max)
-    tl.store(p_part + 1, b_sum)
+    # a chunk past the sequence's last complete page holds only -inf: (max, sum) = (-inf, 0) without reading it
+    if i_c * C < tl.load(seq_lens_ptr + i_s) // B:
+        o_p = i_c * C + tl.arange(0, C)
+        b_s = tl.load(scores_ptr + i_s * stride_ss + i_hq * stride_sh + o_p, mask=o_p < PMAX, other=float("-inf"))
+        b_max = tl.max(b_s, axis=0)
+        b_sum = tl.sum(tl.exp(b_s - tl.where(b_max == float("-inf"), 0.0, b_max)), axis=0)
+        tl.store(p_part, b_max)
+        tl.store(p_part + 1, b_sum)
+    else:
+        tl.store(p_part, float("-inf"))
+        tl.store(p_part + 1, 0.0)
 
 
 @triton.jit
@@ -91,10 +97,33 @@ def _chunk_topk_kernel(
     TP: tl.constexpr, SINGLE: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
+    o_k = tl.arange(0, KP)
+    # slot >= page in both modes (listed tiles ascend), so a chunk starting past the sequence holds no page: it
+    # offers no candidate (or, as the only chunk, writes an empty selection) without reading its scores
+    if i_c * C < num_pages:
+        _chunk_topk(scores_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr, stride_ss, stride_sh,
+                    stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K, i_c, i_h, i_s, num_pages,
+                    G, GB, C, NPP, KP, SINK, RECENT, NT, ROUNDS, LIST, TP, SINGLE)
+    elif SINGLE:
+        tl.store(out_ptr + i_s * stride_os + i_h * stride_oh + o_k, tl.full([KP], -1, tl.int64), mask=o_k < K)
+    else:
+        base = ((i_s * tl.num_programs(1) + i_h) * NCHUNK + i_c) * KP
+        tl.store(cand_key_ptr + base + o_k, tl.zeros([KP], dtype=tl.int32))
+
+
+@triton.jit
+def _chunk_topk(
+    scores_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr,
+    stride_ss, stride_sh, stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K, i_c, i_h, i_s,
+    num_pages, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
+    SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr, LIST: tl.constexpr,
+    TP: tl.constexpr, SINGLE: tl.constexpr,
+):
+    """One chunk's top ``K`` (``_chunk_topk_kernel``'s body for a chunk that holds pages of the sequence)."""
     o_p = i_c * C + tl.arange(0, C)
     o_n = tl.arange(0, NPP)
     o_g = tl.arange(0, GB)
-    num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
     b_pri = tl.zeros([C], dtype=tl.float32)
     # GB query heads a block: their loads are issued at once (GB = GP: one round trip for the whole group)
     for g0 in range(0, G, GB):
@@ -245,12 +274,14 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     if not single:
         _chunk_lse_kernel[(nchunk, num_q_heads, seqs)](
             scores,
+            seq_lens,
             part,
             scores.stride(0),
             scores.stride(1),
             num_q_heads,
             pmax,
             nchunk,
+            B=page_size,
             C=chunk,
             num_warps=4,
         )
