@@ -206,8 +206,9 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
 
 
 #: pages per first-pass program: long enough that few chunks reach the merge, short enough that one sequence's
-#: chunks fill the GPU
-CHUNK = 2048
+#: chunks fill the GPU (1,024 against 2,048: the flat decode step 1-2 us faster at Llama-3.1-8B shapes 128K-256K and
+#: 34 us at GLM 1M, the two-level step the same, one H100, ``kernels/NOTES.md``)
+CHUNK = 1024
 #: largest candidate count one merge program searches before a group pass is added: one program's search over
 #: many more candidates costs more than the extra launch
 MAX_MERGE_KEYS = 2048

@@ -203,7 +203,7 @@ def test_group_pass_selects_what_one_merge_selects(monkeypatch, chunk, group):
 
 @pytest.mark.parametrize(
     "pmax, expected",
-    [(65_576, (2048, 8)), (16_424, (2048, 0)), (8_232, (2048, 0)), (70, (128, 0)), (300, (512, 0))],
+    [(65_576, (1024, 8)), (16_424, (1024, 8)), (8_232, (1024, 0)), (70, (128, 0)), (300, (512, 0))],
     ids=["1m", "256k", "128k", "tiny", "small"],
 )
 def test_plan_bounds_the_merge(monkeypatch, pmax, expected):
