@@ -40,6 +40,10 @@ def parse_args(argv):
                          "at most PAGES a step, layer and KV head (locks_bench/mass_budget.py; the result's top_p)")
     ap.add_argument("--top-p-min", type=int, default=0, metavar="PAGES",
                     help="with --top-p-max: at least PAGES a step, layer and KV head")
+    ap.add_argument("--candidates", metavar="C",
+                    help="measure the two-level selection at the setting's budget in the flat scan's place: 'study' "
+                         "(the evaluation model's per-layer table) or c per layer, comma separated (0 = flat); the "
+                         "sample is still chosen by the run's predictions")
     ap.add_argument("--out-dir", default="samples/results")
     return ap.parse_args(argv)
 
@@ -61,6 +65,17 @@ def prepare(args) -> dict:
     args.model = check_model_dir(args.model)
     setting = parse_setting(args.setting)
     cfg = locks_settings(setting, args.length)
+    if args.candidates is not None:
+        from dataclasses import replace
+
+        from locks_bench.candidates import parse_candidates
+
+        if args.top_p_max or setting.selection:
+            raise RulerError("--candidates: not with --top-p-max, nor with a setting that names its own selection")
+        try:
+            cfg = replace(cfg, selection="two-level", candidates=parse_candidates(args.candidates))
+        except ValueError as err:
+            raise RulerError(f"--candidates: {err}") from None
     if args.top_p_min and not args.top_p_max:
         raise RulerError("--top-p-min needs --top-p-max")
     if args.top_p_max and not args.top_p_min <= cfg.budget_pages <= args.top_p_max:
@@ -185,6 +200,8 @@ def main(argv=None) -> int:
     name = f"ruler_failure_{args.task}_{args.length}_doc{p['doc_id']}"
     if p["setting"] != "locks:5%":
         name += "_" + slug([p["setting"]])
+    if args.candidates is not None:
+        name += "_two-level-" + ("study" if args.candidates.strip().lower() == "study" else "c")
     path = write_result(Path(args.out_dir) / f"{name}.json", result)
     log(f"wrote {path}")
     return 0

@@ -127,6 +127,24 @@ def test_measure_small_budget_keeps_less_and_the_oracle_keeps_most():
     assert (m["locks_share"] <= 1 / 7 + 1e-6).all()
 
 
+def test_measure_two_level_reads_within_the_budget_and_matches_flat_when_every_superpage_is_a_candidate():
+    n, pages = 16 * 100 + 5, {"a": list(range(20, 27))}
+    data = synthetic_capture(n=n)  # rank: the default, at which the shipped two-level path summarizes
+    flat_cfg = LocksConfig(page_size=16, budget=64)
+    flat = measure(data, n, flat_cfg, pages)
+    # c = 32: ceil(32 * 4 / 16) = 8 superpages, more than the context's 7: every page is scored, as the flat scan
+    wide = measure(data, n, LocksConfig(page_size=16, budget=64, selection="two-level", candidates=(32,)),
+                   pages)
+    for key in ("kept", "locks_share", "pages_read"):
+        torch.testing.assert_close(wide[key], flat[key])
+    # c = 0 in layer 0 (flat), 1 in layer 1: there one superpage besides the first and the last two (4 of 7)
+    narrow = measure(data, n, LocksConfig(page_size=16, budget=64, selection="two-level",
+                                          candidates=(0, 1)), pages)
+    torch.testing.assert_close(narrow["kept"][0], flat["kept"][0])
+    assert (narrow["pages_read"] <= 4).all() and (narrow["oracle_kept"] >= narrow["kept"] - 2e-3).all()
+    assert not torch.equal(narrow["kept"][1], flat["kept"][1])
+
+
 def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "samples" / "ruler_failure.py"), *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
@@ -144,7 +162,10 @@ def test_script_refuses_bad_input_with_one_line(tmp_path):
              (["--model", str(model), "--doc-id", "7"], "--doc-id 7"),
              (["--model", str(model), "--results", str(tmp_path / "missing.json")], "missing.json"),
              (["--model", str(model), "--top-p-min", "4"], "--top-p-min needs --top-p-max"),
-             (["--model", str(model), "--top-p-max", "2"], "must lie between them")]
+             (["--model", str(model), "--top-p-max", "2"], "must lie between them"),
+             (["--model", str(model), "--candidates", "4,x"], "--candidates: candidates '4,x'"),
+             (["--model", str(model), "--candidates", "study", "--top-p-max", "20"], "--candidates: not with"),
+             (["--model", str(model), "--setting", "locks:5%:study", "--candidates", "4"], "--candidates: not with")]
     for extra, needle in cases:
         args = ["--results", str(results), *extra] if "--results" not in extra else extra
         out = run_script(*args)

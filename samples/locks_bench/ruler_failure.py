@@ -6,7 +6,8 @@ queries that generate each answer token (positions ``prompt_len - 1 .. prompt_le
 keys of every token (``locks_bench.capture.capture_ids``). Per layer, KV head and answer step,
 ``locks_engine.fidelity.DecodeSteps`` gives the exact attention mass per page (softmax over the causal prefix),
 LOCKS' flat selection at the run's budget (``colwise8`` summaries, sink and recent pages forced: ``select_pages``;
-for a ``:quest``/``:quest2``/``:quest4`` setting the Quest baseline's, under the same keys) and the exact-LSE oracle's selection of as many pages. The expected words are located in the prompt (token
+for a ``:quest``/``:quest2``/``:quest4`` setting the Quest baseline's, under the same keys; for a two-level ``cfg``
+the shipped two-level selection at each layer's ``c``) and the exact-LSE oracle's selection of as many pages. The expected words are located in the prompt (token
 offsets -> 16-token pages); at each step that begins an expected word, the share of that word's pages each
 selection reads says whether the pages holding the answer were read.
 """
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from locks_bench.mass_budget import read_order
+from locks_bench.selection_cost import paged_summaries, shipped_two_level_mask
 from locks_bench.ruler import OFFLINE_ENV, TASKS, RulerError, nltk_data_env, task_metadata
 from locks_engine.config import QUEST_FORMATS, LocksConfig
 from locks_engine.fidelity import DecodeSteps
@@ -208,8 +210,14 @@ def measure(data: dict, seq_len: int, cfg: LocksConfig, word_page_lists: dict[st
             keys = torch.nn.functional.pad(data["k"][layer, head, :seq_len].float(), (0, 0, 0, pad))  # [N, D]
             q = data["q"][layer, head * groups:(head + 1) * groups].transpose(0, 1)  # [T, G, D]
             steps = DecodeSteps(keys, q, data["positions"], page_size=cfg.page_size)
-            scores = steps.scores(selector, cfg)
-            mask = steps.selected_mask(scores, cfg)  # [T, P]
+            candidates = cfg.layer_candidates(layer)
+            if candidates:
+                # the two-level selection as shipped (ops.superpages.select_two_level) at this layer's c
+                everywhere = torch.arange(len(data["positions"]))
+                mask = shipped_two_level_mask(steps, everywhere, cfg, candidates, paged_summaries(steps))[0]
+            else:
+                scores = steps.scores(selector, cfg)
+                mask = steps.selected_mask(scores, cfg)  # [T, P]
             if orders is not None:
                 if head == 0:
                     orders.append([])
