@@ -1,0 +1,34 @@
+"""The needle-keeping two-level table (``locks_bench.candidates.keep_needle_table``) and the script's refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from locks_bench.candidates import keep_needle_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_keep_needle_table_takes_the_cheapest_c_that_keeps_the_flat_retention():
+    flat = [0.5, 0.9, 0.2, 0.0]
+    uniform = {4: [0.5, 0.1, 0.0, 0.0], 16: [0.5, 0.86, 0.1, 0.0], 32: [0.5, 0.9, 0.16, 0.0]}
+    assert keep_needle_table(flat, uniform, None, 0.0) == [4, 32, 0, 4]
+    assert keep_needle_table(flat, uniform, None, 0.05) == [4, 16, 32, 4]
+    # a floor raises c and keeps its flat layers flat; a layer no c keeps stays flat
+    assert keep_needle_table(flat, uniform, (8, 32, 4, 0), 0.0) == [8, 32, 0, 0]
+
+
+def test_script_refuses_bad_input_with_one_line(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("words " * 100)
+    cases = [(["--model", str(tmp_path / "none"), "--books", str(book)], "not a directory"),
+             (["--model", str(tmp_path), "--books", str(tmp_path / "missing.txt")], "missing.txt"),
+             (["--model", str(tmp_path), "--books", str(book), "--budget-frac", "0"], "--budget-frac"),
+             (["--model", str(tmp_path), "--books", str(book), "--table", "4,x"], "candidates '4,x'")]
+    for args, needle in cases:
+        out = subprocess.run([sys.executable, str(ROOT / "samples" / "needle_layers.py"), *args], capture_output=True,
+                             text=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
