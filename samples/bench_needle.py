@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
 
 from locks_bench.candidates import parse_candidates
-from locks_bench.needle import build_trial, carrier, merge_results, summarize_runs
+from locks_bench.needle import carrier, haystack_trials, merge_results, summarize_runs
 from locks_bench.results import header as result_header
 from locks_bench.results import read_prose
 from locks_engine import LocksConfig
@@ -102,14 +101,7 @@ def main(argv=None) -> int:
     books = {Path(b).stem: tokenizer(read_prose(b)[:2_000_000], add_special_tokens=False)["input_ids"] for b in args.books}
     rows, start = [], time.perf_counter()
     for context in args.contexts:
-        trials = []
-        for i, (name, ids) in enumerate(books.items()):
-            # one haystack per book and context; deepest needle first, so that vLLM's prefix cache serves each
-            # later trial the haystack before its needle (what differs is only the rest of the prompt)
-            offset = random.Random(context + i).randrange(0, len(ids) - context)
-            for j, depth in enumerate(sorted(args.depths, reverse=True)):
-                trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 100 * i + j, start=offset)
-                trials.append({**trial, "book": name})
+        trials = haystack_trials(tokenizer, books, context, args.depths)
         locks = "locks" if args.candidates is None else "locks-2l"
         for mode, budget in [("dense", 1.0)] * (not args.no_dense) + [(locks, b) for b in args.budgets]:
             rows += run_mode(args, trials, context, mode, budget, log)

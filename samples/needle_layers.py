@@ -18,8 +18,6 @@ needle. Writes ``OUT_DIR/needle_layers.json``. From the repository root::
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -72,7 +70,7 @@ def main(argv=None) -> int:
 
     from locks_bench.candidates import STUDY_CANDIDATES, keep_needle_table
     from locks_bench.capture import capture_ids
-    from locks_bench.needle import build_trial
+    from locks_bench.needle import haystack_trials
     from locks_bench.results import header, read_prose, write_result
     from locks_bench.ruler_failure import measure
     from locks_engine.config import LocksConfig
@@ -89,31 +87,29 @@ def main(argv=None) -> int:
                        for name, table in args.tables.items()})
     shares: dict[str, list] = {name: [] for name in selections}
     trials = []
-    for i, book in enumerate(args.books):
-        ids = tok(read_prose(book)[:2_000_000], add_special_tokens=False)["input_ids"]
-        offset = random.Random(args.context + i).randrange(0, len(ids) - args.context)
-        for j, depth in enumerate(sorted(args.depths, reverse=True)):
-            trial = build_trial(tok, ids, args.context, depth, seed=1000 * args.context + 100 * i + j, start=offset)
-            answer = tok(" " + trial["value"] + ".", add_special_tokens=False)["input_ids"]
-            full, n_prompt = trial["ids"] + answer, len(trial["ids"])
-            positions = list(range(n_prompt - 1, n_prompt + len(answer) - 1))
-            cached = Path(args.capture_dir) / f"needle_{args.context}_{Path(book).stem}_{depth}.pt" \
-                if args.capture_dir else None
-            data = torch.load(cached, weights_only=False) if cached and cached.is_file() else None
-            if data is None or data.get("ids") != full:
-                data = capture_ids(args.model, full, positions, log)
-                data["ids"] = full
-                if cached:
-                    cached.parent.mkdir(parents=True, exist_ok=True)
-                    torch.save(data, cached)
-            first, last = trial["needle"]
-            pages = {"value": sorted({t // cfg.page_size for t in range(first, last)})}
-            for name, sel in selections.items():
-                m = measure(data, len(full) - 1, sel, pages)
-                shares[name].append(m["locks_share"][..., 0].mean(dim=(1, 2)))  # [L]
-            trials.append({"book": Path(book).stem, "depth": depth, "value": trial["value"], "pages": pages["value"]})
-            log(f"{Path(book).stem} depth {depth}: flat {shares['flat'][-1].mean():.3f}, " + ", ".join(
-                f"{n} {shares[n][-1].mean():.3f}" for n in selections if n != "flat"))
+    books = {Path(b).stem: tok(read_prose(b)[:2_000_000], add_special_tokens=False)["input_ids"] for b in args.books}
+    for trial in haystack_trials(tok, books, args.context, args.depths):
+        depth, book = trial["depth"], trial["book"]
+        answer = tok(" " + trial["value"] + ".", add_special_tokens=False)["input_ids"]
+        full, n_prompt = trial["ids"] + answer, len(trial["ids"])
+        positions = list(range(n_prompt - 1, n_prompt + len(answer) - 1))
+        cached = Path(args.capture_dir) / f"needle_{args.context}_{book}_{depth}.pt" \
+            if args.capture_dir else None
+        data = torch.load(cached, weights_only=False) if cached and cached.is_file() else None
+        if data is None or data.get("ids") != full:
+            data = capture_ids(args.model, full, positions, log)
+            data["ids"] = full
+            if cached:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(data, cached)
+        first, last = trial["needle"]
+        pages = {"value": sorted({t // cfg.page_size for t in range(first, last)})}
+        for name, sel in selections.items():
+            m = measure(data, len(full) - 1, sel, pages)
+            shares[name].append(m["locks_share"][..., 0].mean(dim=(1, 2)))  # [L]
+        trials.append({"book": book, "depth": depth, "value": trial["value"], "pages": pages["value"]})
+        log(f"{book} depth {depth}: flat {shares['flat'][-1].mean():.3f}, " + ", ".join(
+            f"{n} {shares[n][-1].mean():.3f}" for n in selections if n != "flat"))
     per_layer = {name: [round(v, 4) for v in torch.stack(s).mean(0).tolist()] for name, s in shares.items()}
     uniform = {c: per_layer[f"c={c}"] for c in args.uniform_c}
     floor = STUDY_CANDIDATES if len(per_layer["flat"]) == len(STUDY_CANDIDATES) else None

@@ -75,3 +75,30 @@ def test_a_two_level_run_adds_its_cells_and_leaves_the_contexts_provenance(tmp_p
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["needle_provenance"]["32704"]["command"] == [["flat again"]]
     assert len(doc["needle"]) == 3
+
+
+class _CharTokenizer:
+    """One token per character: enough for ``build_trial``."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "<u>" + messages[0]["content"] + "</u><a>"
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        out = {"input_ids": [ord(c) for c in text]}
+        if return_offsets_mapping:
+            out["offset_mapping"] = [(i, i + 1) for i in range(len(text))]
+        return out
+
+
+def test_haystack_trials_one_haystack_per_book_deepest_needle_first():
+    tok = _CharTokenizer()
+    books = {"a": list(range(1000, 6000)), "b": list(range(7000, 12000))}
+    trials = needle.haystack_trials(tok, books, 1024, [0.2, 0.8, 0.5])
+    assert [(t["book"], t["depth"]) for t in trials] == [("a", 0.8), ("a", 0.5), ("a", 0.2), ("b", 0.8), ("b", 0.5),
+                                                         ("b", 0.2)]
+    assert len({t["book_offset"] for t in trials if t["book"] == "a"}) == 1  # one haystack a book
+    assert all(len(t["ids"]) == 1024 for t in trials)
+    for t in trials:
+        first, last = t["needle"]
+        assert "".join(chr(i) for i in t["ids"][first:last]) == t["value"]
+    assert trials == needle.haystack_trials(tok, books, 1024, [0.2, 0.8, 0.5])  # deterministic

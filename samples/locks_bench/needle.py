@@ -46,6 +46,20 @@ def build_trial(tokenizer, book_ids: list[int], context: int, depth: float, seed
             "depth": depth, "book_offset": start}
 
 
+def haystack_trials(tokenizer, books: dict[str, list[int]], context: int, depths: list[float]) -> list[dict]:
+    """The needle trials of one context, as ``samples/bench_needle.py`` runs them: one haystack per book (book ``i``
+    from token ``Random(context + i).randrange(len - context)``), its needles deepest first (so that vLLM's prefix
+    cache serves each later trial the haystack before its needle), seeded ``1000 context + 100 i + j``
+    (:func:`build_trial`; each trial also names its ``book``)."""
+    trials = []
+    for i, (name, ids) in enumerate(books.items()):
+        offset = random.Random(context + i).randrange(0, len(ids) - context)
+        for j, depth in enumerate(sorted(depths, reverse=True)):
+            trial = build_trial(tokenizer, ids, context, depth, seed=1000 * context + 100 * i + j, start=offset)
+            trials.append({**trial, "book": name})
+    return trials
+
+
 def carrier(records: list[dict], needle: tuple[int, int], page_size: int) -> tuple[list[float], list[bool]]:
     """Per decode step: share of (layer, KV head) pairs that read the carrier pages (those holding the value's
     tokens); whether every carrier page was read by at least one pair."""
