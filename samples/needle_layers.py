@@ -18,6 +18,7 @@ needle. Writes ``OUT_DIR/needle_layers.json``. From the repository root::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -54,8 +55,20 @@ def check(args) -> None:
             raise ValueError(f"--books {book}: not a file")
     if not 0 < args.budget_frac <= 1 or not all(0 <= d <= 1 for d in args.depths) or args.context < 1024:
         raise ValueError("--budget-frac in (0, 1], --depths in [0, 1], --context at least 1024")
+    if args.tolerance < 0:
+        raise ValueError(f"--tolerance {args.tolerance}: must be at least 0")
     args.uniform_c = [int(c) for c in parse_candidates(args.uniform)]
+    if args.uniform.strip().lower() == "study" or min(args.uniform_c) < 1:
+        raise ValueError(f"--uniform {args.uniform!r}: allowed comma-separated c >= 1")
     args.tables = {t: parse_candidates(t) for t in args.table}
+    try:
+        layers = json.loads((Path(args.model) / "config.json").read_text())["num_hidden_layers"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"--model {args.model}: no readable config.json with num_hidden_layers ({err})") from None
+    for text, table in args.tables.items():
+        if len(table) not in (1, layers):
+            raise ValueError(f"--table {text!r}: {len(table)} values, the model has {layers} layers "
+                             f"(give 1 or {layers})")
 
 
 def main(argv=None) -> int:

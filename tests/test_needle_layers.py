@@ -23,10 +23,17 @@ def test_keep_needle_table_takes_the_cheapest_c_that_keeps_the_flat_retention():
 def test_script_refuses_bad_input_with_one_line(tmp_path):
     book = tmp_path / "book.txt"
     book.write_text("words " * 100)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 4}')
     cases = [(["--model", str(tmp_path / "none"), "--books", str(book)], "not a directory"),
-             (["--model", str(tmp_path), "--books", str(tmp_path / "missing.txt")], "missing.txt"),
-             (["--model", str(tmp_path), "--books", str(book), "--budget-frac", "0"], "--budget-frac"),
-             (["--model", str(tmp_path), "--books", str(book), "--table", "4,x"], "candidates '4,x'")]
+             (["--model", str(model), "--books", str(tmp_path / "missing.txt")], "missing.txt"),
+             (["--model", str(model), "--books", str(book), "--budget-frac", "0"], "--budget-frac"),
+             (["--model", str(model), "--books", str(book), "--table", "4,x"], "candidates '4,x'"),
+             (["--model", str(model), "--books", str(book), "--table", "4,8"], "the model has 4 layers"),
+             (["--model", str(model), "--books", str(book), "--uniform", "0,4"], "--uniform"),
+             (["--model", str(model), "--books", str(book), "--tolerance", "-1"], "--tolerance"),
+             (["--model", str(tmp_path), "--books", str(book)], "config.json")]
     for args, needle in cases:
         out = subprocess.run([sys.executable, str(ROOT / "samples" / "needle_layers.py"), *args], capture_output=True,
                              text=True, cwd=ROOT, timeout=120)
