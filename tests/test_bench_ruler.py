@@ -7,6 +7,7 @@ at collection.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import subprocess
@@ -253,6 +254,11 @@ def test_result_file_with_its_table(tmp_path):
     assert path == tmp_path / "2026-12-04_cpu_abc1234" / "ruler_4096-8192_dense-locks5pct.json"
     assert ruler_results.result_path(tmp_path, header, [16384], ["locks:2048", "locks:0.5%"], ["ruler_cwe"]).name == (
         "ruler_16384_locks2048-locks0p5pct_ruler_cwe.json")
+    table = "locks:5%:c=8,4,16,32"
+    named = ruler_results.result_path(tmp_path, header, [32640], ["locks:5%:c=4", table]).name
+    digest = hashlib.sha1(b"8,4,16,32").hexdigest()[:8]
+    assert named == f"ruler_32640_locks5pctc4-locks5pctc{digest}.json"  # no commas: the device copies it back
+    assert ruler_results.slug([table]) != ruler_results.slug(["locks:5%:c=8,4,16,16"])
     ruler_results.write_ruler_result(path, header, {"limit": 3}, runs)
     doc = json.loads(path.read_text())
     assert doc["commit"] == "abc1234+" and doc["limit"] == 3 and doc["runs"] == runs

@@ -7,6 +7,7 @@ scores -1. Accuracy here is that mean in percent, RULER's convention.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,16 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def slug(words: list[Any]) -> str:
-    """Words as a file name part, joined by ``-``: ``locks:5%`` -> ``locks5pct``, ``0.5`` -> ``0p5``."""
-    return "-".join(str(w).replace(":", "").replace("%", "pct").replace(".", "p") for w in words)
+    """Words as a file name part, joined by ``-``: ``locks:5%`` -> ``locks5pct``, ``0.5`` -> ``0p5``,
+    ``locks:5%:c=4`` -> ``locks5pctc4``; a per-layer table (``c=8,4,...``) becomes ``c`` and the first 8 hex digits
+    of its SHA-1, so that the name has no commas and stays short (the table itself is in the file)."""
+    def word(w: Any) -> str:
+        text = str(w)
+        head, sep, values = text.rpartition("c=")
+        if sep and "," in values:
+            text = f"{head}c{hashlib.sha1(values.encode()).hexdigest()[:8]}"
+        return text.replace("=", "").replace(":", "").replace("%", "pct").replace(".", "p")
+    return "-".join(word(w) for w in words)
 
 
 def result_path(out_dir: str | Path, header: dict[str, Any], lengths: list[int], settings: list[str],
