@@ -105,7 +105,7 @@ def manifest(head: dict, summary: list[dict], args) -> str:
     lines = [f"# {run_folder(head)}", "", "The two-level selection as shipped (`ops.superpages.select_two_level`) on "
              "real decode steps, against the flat scan (issue 27's fidelity gate on the CPU harness).", "",
              "Command:", "", f"    {command_text(head['command'])}", "",
-             f"Machine: {m['cpus']}-core {m['cpu']} ({m['cpu_class']}); {head['torch_threads']} torch thread; "
+             f"Machine: {m['cpus']}-core {m['cpu']} ({m['cpu_class']}); torch threads: {head['torch_threads']}; "
              f"{head['runtime_s']} s. Date {head['date']}, commit {head['commit']}.", "",
              f"Qwen2.5-Coder-0.5B-Instruct (24 layers, 2 KV heads, D = 64), {Path(args.book).name}, the selection "
              f"study's captures: {args.runs} runs of {args.steps} consecutive decode steps a context, measured at "

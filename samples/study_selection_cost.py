@@ -52,7 +52,7 @@ def manifest(head: dict, rows: list[dict], overlaps: dict, spread: dict, proj: d
     lines = [f"# {run_folder(head)}", "", "Selection cost against fidelity, issue 27 part 1 (offline, CPU).", "",
              "Command:", "", f"    {command_text(head['command'])}", "",
              f"Machine: {m['cpus']}-core {m['cpu']} ({m['cpu_class']}), shared with other jobs (one benchmark on "
-             f"one core); {head['torch_threads']} torch thread; {head['runtime_s']} s. Date {head['date']}, "
+             f"one core); torch threads: {head['torch_threads']}; {head['runtime_s']} s. Date {head['date']}, "
              f"commit {head['commit']}.", "",
              f"Model Qwen2.5-Coder-0.5B-Instruct (24 layers, 14 query / 2 KV heads, D = 64), float32 capture; "
              f"contexts {', '.join(str(c) for c in args.contexts)} tokens of {Path(args.book).name}; per context "
