@@ -62,13 +62,13 @@ def run_config(args: argparse.Namespace) -> dict:
     options = EngineOptions(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, max_model_len=max_len,
         locks=LocksConfig(budget=args.budget, dense=args.config == "flash",
-                          **selection_settings(args.config, args.candidates)),
+                          **selection_settings(args.config, args.candidates, cfg["num_hidden_layers"])),
         stats=args.config != "locks-nostats",
     )
     start = time.perf_counter()
     engine = LocksEngine(options)
     result = {**header("bench_app_engine.py", sys.argv[1:]), "config": args.config, "shape": args.shape,
-              "budget": args.budget, **selection_settings(args.config, args.candidates),
+              "budget": args.budget, **selection_settings(args.config, args.candidates, cfg["num_hidden_layers"]),
               "start_s": round(time.perf_counter() - start, 1), "contexts": []}
     try:
         engine.llm.apply_model(install_probes)

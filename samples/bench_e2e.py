@@ -112,7 +112,7 @@ def run_engine(args: argparse.Namespace) -> dict:
     need_tokens = max(c * batches.get(c, 1) for c in contexts) + seqs * (n2 + 64)
     kv_bytes = int(need_tokens * per_token * 1.02) + (1 << 30)
     locks_cfg = LocksConfig(budget=args.budget, rank=args.rank, dense=not locks,
-                            **selection_settings(args.backend, args.candidates),
+                            **selection_settings(args.backend, args.candidates, cfg["num_hidden_layers"]),
                             **({"summary_format": args.summary_format} if args.summary_format else {}))
     capture = sorted({1, *batches.values()})
     # the app's engine (locks_engine.LocksEngine): its platform arguments, its statistics ring (counted on the
@@ -146,7 +146,7 @@ def measure_engine(engine, args: argparse.Namespace, cfg: dict, contexts: list[i
         "shape": args.shape, "layers": cfg["num_hidden_layers"], "backend": args.backend, "tp": args.tp,
         "budget": args.budget if locks else None, "rank": args.rank if locks else None,
         "summary_format": (args.summary_format or LocksConfig().summary_format) if locks else None,
-        **(selection_settings(args.backend, args.candidates) if locks else {}),
+        **(selection_settings(args.backend, args.candidates, cfg["num_hidden_layers"]) if locks else {}),
         # a name for the kernels' version (--kernels), so that summaries fit depths within one version only
         "kernels": args.kernels if locks else None,
         # False: vLLM's per-step common-prefix walk cut (--no-prefix-walk, locks_bench.scheduler)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import locks_kernels as lk
+from locks_bench.candidates import parse_candidates, table_mean
 from locks_bench.gpu_timing import BLOCK, Setup, Timer, copy_bandwidth
 from locks_engine import LocksConfig
 from locks_engine.ops import summary_bytes
@@ -182,11 +183,36 @@ TWO_LEVEL = (("glm-4-9b 1M", "glm-4-9b", 1 << 20), ("llama-3.1-8b 128K", "llama-
              ("llama-3.1-8b 256K", "llama-3.1-8b", 1 << 18))
 
 
-def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int]) -> list[dict]:
+def vllm_flash_attn(s: Setup, ctx: int, table: torch.Tensor, lens: torch.Tensor):
+    """vLLM's FLASH_ATTN decode call on the setup's paged cache, as vLLM 0.26's ``FlashAttentionImpl`` makes it
+    under full CUDA graphs (``vllm/v1/attention/backends/flash_attn.py``: FA3 ``flash_attn_varlen_func`` with the
+    block table, ``seqused_k``, an ahead-of-time schedule and ``num_splits`` = 32, vLLM's
+    ``flash_attn_max_num_splits_for_cuda_graph``), batch 1, one query token. ``None`` without vLLM's FA3."""
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata, is_fa_version_supported
+    except ImportError:
+        return None
+    if not is_fa_version_supported(3):
+        return None
+    b, hq, d = s.batch, s.q_heads, s.dim
+    q = s.q.view(b, hq, d)
+    out = torch.empty_like(q)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    meta = get_scheduler_metadata(batch_size=b, max_seqlen_q=1, max_seqlen_k=ctx, num_heads_q=hq,
+                                  num_heads_kv=s.heads, headdim=d, cache_seqlens=lens, qkv_dtype=torch.bfloat16,
+                                  cu_seqlens_q=cu_q, page_size=BLOCK, causal=True, num_splits=32)
+    return lambda: flash_attn_varlen_func(q=q, k=s.k, v=s.v, out=out, cu_seqlens_q=cu_q, max_seqlen_q=1,
+                                          seqused_k=lens, max_seqlen_k=ctx, softmax_scale=d ** -0.5, causal=True,
+                                          block_table=table, scheduler_metadata=meta, fa_version=3, num_splits=32)
+
+
+def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int], table: list[int] | None = None) -> list[dict]:
     """The decode step (``build=False``) with the flat scan and with the two-level selection at each ``c`` of
     ``candidates``, interleaved replays on the same cache, summaries and queries, at :data:`TWO_LEVEL`'s shapes,
-    batch 1; the two-level stages timed alone; dense SDPA (flash, cuDNN) on the same K/V for scale. Bytes a
-    step and layer: flat ``P s + K p``; two-level ``P / 16 * 2 D + 16 M s + K p`` (``M`` superpages scored)."""
+    batch 1; the two-level stages timed alone; dense SDPA (flash, cuDNN) and vLLM's FLASH_ATTN decode call
+    (:func:`vllm_flash_attn`, where vLLM is installed) on the same K/V; with ``table``, its mean over layers
+    (:func:`table_mean`). Bytes a step and layer: flat ``P s + K p``; two-level ``P / 16 * 2 D + 16 M s + K p``
+    (``M`` superpages scored)."""
     from locks_engine.ops.superpages import allocate_superpages, completed_superpages, write_superpage_centroids
 
     budget = budget_args(cfg)
@@ -210,6 +236,9 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int]) -> list[dic
                     dense[name] = timer(lambda: F.scaled_dot_product_attention(q4, k, v))[0]
             except Exception:  # backend absent for these shapes or strides
                 continue
+        fa3 = vllm_flash_attn(s, ctx, table, lens)
+        if fa3 is not None:
+            dense["vllm-fa3"] = timer(fa3)[0]
         summ, kv_page = summary_bytes(cfg.page_size, cfg.rank, d, cfg.summary_format)
         pages = ctx // cfg.page_size
         kv_all = h * pages * kv_page
@@ -233,12 +262,15 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int]) -> list[dic
             read = h * (pages / 16 * 2 * d + 16 * slots * summ + cfg.budget_pages * kv_page)
             row["two_level"][c] = {"ms": ms[f"c{c}"], "superpages_scored": slots, "bytes_pct": 100 * read / kv_all,
                                    "flat_over_two_level": ms["flat"] / ms[f"c{c}"], "stages_ms": stages}
+        if table:
+            row["table"] = table_mean(row, table)
         rows.append(row)
         best = min(dense.values()) if dense else float("nan")
         print(f"{label:18s} dense {best * 1e3:7.1f} us | flat {ms['flat'] * 1e3:7.1f} us "
               f"({row['flat_bytes_pct']:.1f}% of K+V) | " + " | ".join(
-                  f"c{c} {t['ms'] * 1e3:6.1f} us ({t['bytes_pct']:.1f}%)" for c, t in row["two_level"].items()),
-              flush=True)
+                  f"c{c} {t['ms'] * 1e3:6.1f} us ({t['bytes_pct']:.1f}%)" for c, t in row["two_level"].items())
+              + (f" | table {row['table']['ms'] * 1e3:6.1f} us ({row['table']['bytes_pct']:.1f}%)" if table else "")
+              + (f" | vLLM FA3 {dense['vllm-fa3'] * 1e3:6.1f} us" if "vllm-fa3" in dense else ""), flush=True)
         del s, steps, sp
         torch.cuda.empty_cache()
     return rows
@@ -298,6 +330,8 @@ def main() -> None:
     ap.add_argument("--baseline-only", action="store_true", help="with --baseline-module: only that comparison")
     ap.add_argument("--two-level", default="", help="comma-separated c: time the two-level selection's decode "
                     "step against the flat scan's (two_level.json), then stop")
+    ap.add_argument("--table", default="", help="with --two-level: a per-layer c table (0 = flat), comma-separated or named (keep-needle); "
+                    "its mean step and bytes over its layers, each c it names timed (two_level.json)")
     ap.add_argument("--select-chunks", default="", help="comma-separated pages per first-pass program of the "
                     "flat selection: time the decode step with each (select_chunks.json), then stop")
     args = ap.parse_args()
@@ -315,7 +349,9 @@ def main() -> None:
              "rows": rows}, indent=1))
 
     if args.two_level:
-        return write("two_level.json", two_level(timer, cfg, [int(c) for c in args.two_level.split(",")]))
+        table = list(parse_candidates(args.table)) if args.table else []
+        cs = sorted({int(c) for c in args.two_level.split(",")} | {c for c in table if c})
+        return write("two_level.json", two_level(timer, cfg, cs, table), table=table)
     if args.select_chunks:
         return write("select_chunks.json",
                      select_chunks(timer, cfg, [int(c) for c in args.select_chunks.split(",")]))

@@ -456,3 +456,9 @@ def test_selection_settings_of_the_benchmarks_configurations():
     assert LocksConfig(**two_level).layer_candidates(1) == 8
     for name in ("locks", "locks-nostats", "flash"):
         assert e2e.selection_settings(name, "4") == {"selection": "flat"}
+    # a named table is stretched to the engine's depth; a list is taken as given (LocksConfig checks its length)
+    named = e2e.selection_settings("locks-2l", "keep-needle", 32)["candidates"]
+    assert len(named) == 32 and LocksConfig(selection="two-level", candidates=named).layer_candidates(31) == 32
+    assert e2e.selection_settings("locks-2l", "4,8", 32)["candidates"] == (4, 8)
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        e2e.selection_settings("locks-2l", "4;8")

@@ -39,3 +39,30 @@ def test_script_refuses_bad_input_with_one_line(tmp_path):
                              text=True, cwd=ROOT, timeout=120)
         assert out.returncode == 2, out.stderr
         assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_named_tables_and_their_stretch_to_another_depth():
+    from locks_bench.candidates import KEEP_NEEDLE_CANDIDATES, parse_candidates, stretch
+
+    assert parse_candidates("keep-needle") == KEEP_NEEDLE_CANDIDATES and len(KEEP_NEEDLE_CANDIDATES) == 24
+    assert parse_candidates("4,0,32") == (4, 0, 32)
+    # layer i takes entry i * len // layers: each entry repeated, the order kept
+    assert stretch((8, 0, 32), 6) == (8, 8, 0, 0, 32, 32)
+    assert stretch((8, 0, 32, 4), 2) == (8, 32)
+    assert stretch((4,), 40) == (4,) and stretch((1, 2), 2) == (1, 2)
+    stretched = stretch(KEEP_NEEDLE_CANDIDATES, 32)
+    assert len(stretched) == 32 and stretched.count(0) == 4 and set(stretched) == set(KEEP_NEEDLE_CANDIDATES)
+
+
+def test_table_mean_weighs_each_c_by_its_layers():
+    from locks_bench.candidates import table_mean
+
+    row = {"flat_ms": 0.120, "flat_bytes_pct": 18.0,
+           "two_level": {4: {"ms": 0.060, "bytes_pct": 0.5}, 32: {"ms": 0.080, "bytes_pct": 1.5}}}
+    mean = table_mean(row, [0, 4, 4, 32])
+    assert abs(mean["ms"] - (0.120 + 0.060 * 2 + 0.080) / 4) < 1e-12
+    assert abs(mean["bytes_pct"] - (18.0 + 1.0 + 1.5) / 4) < 1e-12 and mean["layers"] == 4
+    import pytest
+
+    with pytest.raises(KeyError):
+        table_mean(row, [16])

@@ -77,12 +77,23 @@ def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def selection_settings(name: str, candidates: str) -> dict:
+def selection_settings(name: str, candidates: str, layers: int | None = None) -> dict:
     """``LocksConfig``'s ``selection`` and ``candidates`` for a backend or configuration ``name``: the two-level
-    selection with ``candidates`` (``"4"`` or one ``c`` per layer, comma-separated) for ``locks-2l``, else flat."""
+    selection with ``candidates`` (``"4"``, one ``c`` per layer comma-separated, or a name of
+    ``locks_bench.candidates.NAMED``) for ``locks-2l``, else flat. A named table is stretched to ``layers``
+    (``locks_bench.candidates.stretch``: the evaluation model's table at a dummy shape's depth, for speed only).
+
+    Raises:
+        ValueError: ``candidates`` malformed (one line).
+    """
+    from locks_bench.candidates import NAMED, parse_candidates, stretch
+
     if name != "locks-2l":
         return {"selection": "flat"}
-    return {"selection": "two-level", "candidates": tuple(parse_ints(candidates))}
+    table = parse_candidates(candidates)
+    if candidates.strip().lower() in NAMED and layers:
+        table = stretch(table, layers)
+    return {"selection": "two-level", "candidates": table}
 
 
 def parse_batches(text: str) -> dict[int, int]:
