@@ -206,11 +206,13 @@ def vllm_flash_attn(s: Setup, ctx: int, table: torch.Tensor, lens: torch.Tensor)
                                           block_table=table, scheduler_metadata=meta, fa_version=3, num_splits=32)
 
 
-def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int], table: list[int] | None = None) -> list[dict]:
+def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int],
+              layer_table: list[int] | None = None) -> list[dict]:
     """The decode step (``build=False``) with the flat scan and with the two-level selection at each ``c`` of
     ``candidates``, interleaved replays on the same cache, summaries and queries, at :data:`TWO_LEVEL`'s shapes,
     batch 1; the two-level stages timed alone; dense SDPA (flash, cuDNN) and vLLM's FLASH_ATTN decode call
-    (:func:`vllm_flash_attn`, where vLLM is installed) on the same K/V; with ``table``, its mean over layers
+    (:func:`vllm_flash_attn`, where vLLM is installed) on the same K/V; with ``layer_table`` (``c`` per layer, 0 =
+    flat), its mean over layers
     (:func:`table_mean`). Bytes a step and layer: flat ``P s + K p``; two-level ``P / 16 * 2 D + 16 M s + K p``
     (``M`` superpages scored)."""
     from locks_engine.ops.superpages import allocate_superpages, completed_superpages, write_superpage_centroids
@@ -265,14 +267,15 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int], table: list
             read = h * (pages / 16 * 2 * d + 16 * slots * summ + cfg.budget_pages * kv_page)
             row["two_level"][c] = {"ms": ms[f"c{c}"], "superpages_scored": slots, "bytes_pct": 100 * read / kv_all,
                                    "flat_over_two_level": ms["flat"] / ms[f"c{c}"], "stages_ms": stages}
-        if table:
-            row["table"] = table_mean(row, table)
+        if layer_table:
+            row["table"] = table_mean(row, layer_table)
         rows.append(row)
         best = min(dense.values()) if dense else float("nan")
         print(f"{label:18s} dense {best * 1e3:7.1f} us | flat {ms['flat'] * 1e3:7.1f} us "
               f"({row['flat_bytes_pct']:.1f}% of K+V) | " + " | ".join(
                   f"c{c} {t['ms'] * 1e3:6.1f} us ({t['bytes_pct']:.1f}%)" for c, t in row["two_level"].items())
-              + (f" | table {row['table']['ms'] * 1e3:6.1f} us ({row['table']['bytes_pct']:.1f}%)" if table else "")
+              + (f" | table {row['table']['ms'] * 1e3:6.1f} us ({row['table']['bytes_pct']:.1f}%)"
+                 if layer_table else "")
               + (f" | vLLM FA3 {dense['vllm-fa3'] * 1e3:6.1f} us" if "vllm-fa3" in dense else ""), flush=True)
         del s, steps, sp
         torch.cuda.empty_cache()
