@@ -336,8 +336,8 @@ def main() -> None:
     ap.add_argument("--baseline-only", action="store_true", help="with --baseline-module: only that comparison")
     ap.add_argument("--two-level", default="", help="comma-separated c: time the two-level selection's decode "
                     "step against the flat scan's (two_level.json), then stop")
-    ap.add_argument("--table", default="", help="with --two-level: a per-layer c table (0 = flat), comma-separated or named (keep-needle); "
-                    "its mean step and bytes over its layers, each c it names timed (two_level.json)")
+    ap.add_argument("--table", default="", help="with --two-level: a per-layer c table (0 = flat), comma-separated "
+                    "or named (keep-needle); its mean step and bytes over its layers, each c it names timed")
     ap.add_argument("--select-chunks", default="", help="comma-separated pages per first-pass program of the "
                     "flat selection: time the decode step with each (select_chunks.json), then stop")
     args = ap.parse_args()
