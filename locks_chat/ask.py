@@ -14,7 +14,7 @@ from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
 from locks_chat.prompt import Prompt, build_prompt
 from locks_chat.reading import ReadingLog, StepReading
-from locks_chat.signals import Terminated
+from locks_chat.signals import Terminated, hold_further_interrupts
 
 
 @dataclass
@@ -210,8 +210,10 @@ def ask(
             hit = getattr(event, "cached_tokens", None)  # engines that do not report it leave None
             cached = cached if hit is None else hit
     except Terminated as err:
+        hold_further_interrupts()  # the stop is under way: a second signal must not cut it short
         raise TerminatedError("terminated: the request was aborted") from err
     except KeyboardInterrupt as err:
+        hold_further_interrupts()
         raise Cancelled("interrupted: the request was aborted") from err
     except Exception as err:
         if type(err).__name__ == "GenerationCancelled":

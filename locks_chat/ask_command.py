@@ -11,6 +11,7 @@ from rich.console import Console
 
 from locks_chat.errors import Cancelled, LocksChatError, is_text
 from locks_chat.followup import FollowUp
+from locks_chat.signals import release_held_interrupts
 
 
 def stdout_open() -> bool:
@@ -84,7 +85,10 @@ def run_ask(
             print(flush=True)
         raise
     finally:
-        engine.close()
+        try:
+            engine.close()
+        finally:
+            release_held_interrupts()  # held since a Ctrl+C or SIGTERM began the stop (locks_chat.ask.ask)
     if json_out:
         print(json.dumps({**result.to_json(document), "session": conversation.to_json()}, indent=2))
         return

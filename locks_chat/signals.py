@@ -84,6 +84,39 @@ class HeldSignal:
             signal.raise_signal(self.signum)
 
 
+_stopping: dict[int, object] | None = None
+"""The handlers :func:`hold_further_interrupts` replaced, while it holds."""
+
+
+def hold_further_interrupts() -> None:
+    """Once a Ctrl+C or a SIGTERM has started a stop, drop the next ones until :func:`release_held_interrupts`.
+
+    ``timeout`` sends its signal twice (to the process, then to its process group), and a user may press Ctrl+C
+    twice: the second KeyboardInterrupt landed in the middle of the stop, between the saved session and its
+    turn (an empty session, the partial answer lost) or before the newline after the partial answer. The stop
+    it asks for is under way, so it is dropped. Main thread only (elsewhere a no-op); an ignored signal stays
+    ignored; a second call while holding does nothing.
+    """
+    global _stopping
+    if threading.current_thread() is not threading.main_thread() or _stopping is not None:
+        return
+    _stopping = {signum: signal.getsignal(signum) for signum in HELD_SIGNALS}
+    for signum, handler in _stopping.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(signum, HeldSignal().hold)
+
+
+def release_held_interrupts() -> None:
+    """Give Ctrl+C and SIGTERM back their handlers after :func:`hold_further_interrupts` (else a no-op)."""
+    global _stopping
+    if threading.current_thread() is not threading.main_thread() or _stopping is None:
+        return
+    for signum, handler in _stopping.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(signum, handler)
+    _stopping = None
+
+
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[HeldSignal]:
     """Hold a Ctrl+C or a SIGTERM that arrives in this block: it is recorded, nothing is raised; the caller

@@ -222,6 +222,31 @@ def test_ctrl_c_saves_the_partial_answer_as_cancelled_and_a_follow_up_leaves_it_
     assert engine.prompts[-1] == build_prompt(WordTokenizer(), load_document(book), ["Again?"]).token_ids
 
 
+@pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])
+def test_a_second_signal_during_the_stop_loses_nothing(book, engine, monkeypatch, second):
+    """``timeout`` signals twice (the process, then its group), a user may press Ctrl+C twice: the second signal,
+    here in the middle of saving the partial answer, is dropped; the turn is saved and the answer ends its line."""
+    import os
+    import signal
+
+    engine.fail = KeyboardInterrupt()
+    begin = SessionStore.begin_turn
+
+    def begin_with_a_signal(self, *args, **kwargs):
+        os.kill(os.getpid(), getattr(signal, second))  # its handler runs at once, inside the save
+        return begin(self, *args, **kwargs)
+
+    monkeypatch.setattr(SessionStore, "begin_turn", begin_with_a_signal)
+    before = signal.getsignal(signal.SIGINT)
+    result = ask(book, "Interrupted twice?")
+    assert result.exit_code == 130, result.output
+    assert result.stdout.endswith("The \n") and "interrupted" in result.stderr
+    [session] = SessionStore().list_sessions()
+    [turn] = SessionStore().turns(session.id)
+    assert (turn.status, turn.answer) == ("cancelled", "The ")
+    assert signal.getsignal(signal.SIGINT) is before  # the handlers are given back after the stop
+
+
 def test_stdin_document_and_continue_by_content(engine):
     result = ask("-", "When does the ferry leave?", input=NOTES)
     assert result.exit_code == 0, result.output
