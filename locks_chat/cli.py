@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import signal
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -210,8 +211,14 @@ def main() -> None:
     its help (exit code 0). Usage errors are caught through Typer's public ``typer.TyperException``, the base of
     the click exceptions Typer raises (Typer 0.29 carries its own copy of click)."""
     raise_on_sigterm()
+    args = with_default_command(sys.argv[1:])
+    if {"--help", "-h", "--version"} & set(args):
+        # help and version only print: a closed pipe (``| head``) ends them as it ends other tools (exit 141);
+        # Rich would exit 1 on it
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        code = app(args=with_default_command(sys.argv[1:]), prog_name="locks-chat", standalone_mode=False)
+        code = app(args=args, prog_name="locks-chat", standalone_mode=False)
+        sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
     except typer.TyperException as err:
         ctx = getattr(err, "ctx", None)
         if type(err).__name__ == "NoArgsIsHelpError":
@@ -225,6 +232,13 @@ def main() -> None:
         terminated = isinstance(err.__cause__, Terminated)
         err_console.print("terminated" if terminated else "interrupted")
         code = TERMINATED_EXIT_CODE if terminated else 130
+    except OSError as err:  # the help or the version could not be written (the commands handle their own)
+        if err.errno not in _OUTPUT_FULL:
+            raise
+        _drop_stdout()
+        err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
+                          "elsewhere, then run again", highlight=False, soft_wrap=True)
+        code = OUTPUT_ERROR_EXIT_CODE
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from rich.console import Console
@@ -40,10 +41,22 @@ def list_sessions(json_out: bool, console: Console) -> None:
     console.print(table)
 
 
+def write_stdout(text: str, chunk: int = 1 << 14) -> None:
+    """Write ``text`` to stdout in pieces of ``chunk`` characters, each flushed.
+
+    Raises:
+        BrokenPipeError: stdout's reader went away. CPython's buffered writer let that pass unraised when it met
+            it part way through one large write (a 1.5 MB transcript into ``| head -c 10`` exited 0).
+    """
+    for start in range(0, len(text), chunk):
+        sys.stdout.write(text[start:start + chunk])
+        sys.stdout.flush()
+
+
 def show_session(session_id: int) -> None:
     """Print a session's transcript as Markdown."""
     store = SessionStore.existing()
-    print(render_transcript(_get(store, session_id), store.turns(session_id)), end="")
+    write_stdout(render_transcript(_get(store, session_id), store.turns(session_id)))
 
 
 def delete_sessions(session_ids: list[int], console: Console) -> None:

@@ -199,6 +199,38 @@ def test_a_transcript_to_a_full_disk_is_one_line(book, user_home, args):
         "error: cannot write the output (No space left on device); free space or write elsewhere, then run again"]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["ask", "--help"]], ids=["help", "version", "ask-help"])
+def test_help_and_version_to_a_full_disk_are_one_line(user_home, args):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "locks_chat.cli", *args], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: cannot write the output (No space left on device); free space or write elsewhere, then run again"]
+
+
+@pytest.mark.parametrize("args", [["sessions", "show", "1"], ["--help"], ["ask", "--help"]],
+                         ids=["show", "help", "ask-help"])
+def test_a_reader_that_goes_away_ends_with_exit_141(book, user_home, args):
+    """``| head -c 10``: 128 + SIGPIPE, as a shell reports for ``yes | head``; a transcript far larger than the
+    pipe's buffer too (CPython's buffered writer let the broken pipe pass in one large write: exit 0)."""
+    import subprocess
+    import sys
+
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "book", None)
+    store.save_turn(store.begin_turn(session.id, "Q?"), "A long answer. " * 100_000, "done")
+    reader = subprocess.Popen(["head", "-c", "10"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    result = subprocess.run([sys.executable, "-m", "locks_chat.cli", *args], stdout=reader.stdin,
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    reader.stdin.close()
+    reader.wait(timeout=10)
+    assert result.returncode in (141, -13) and "Traceback" not in result.stderr, (result.returncode, result.stderr)
+
+
 GARBAGE = b"\x00\xffthis is no SQLite database\n" * 200
 runner = CliRunner()
 
