@@ -163,7 +163,7 @@ def chat(
     run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new, kv_cache_gib)
 
 
-sessions_app = typer.Typer(no_args_is_help=True, help="Saved conversations: one per book (path and content).")
+sessions_app = typer.Typer(no_args_is_help=True, help="Saved conversations: every ask and chat is one, kept per book (path and content).")
 app.add_typer(sessions_app, name="sessions")
 
 

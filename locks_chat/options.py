@@ -26,9 +26,12 @@ def _doc_given(value: str) -> Path:
 
 
 def _finite_gib(value: Optional[float]) -> Optional[float]:
-    """``--kv-cache-gib`` given as ``inf`` or ``nan`` (which pass a minimum) is refused: a size is a number."""
+    """``--kv-cache-gib`` given as ``inf`` or ``nan`` is refused (a size is a number), then one below
+    :data:`MIN_KV_CACHE_GIB` (checked here, not by a range type, which read ``nan`` as a value too small)."""
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a size: give a number of GiB such as 24")
+    if value is not None and value < MIN_KV_CACHE_GIB:
+        raise typer.BadParameter(f"{value:g} is below the smallest KV cache, {MIN_KV_CACHE_GIB:g} GiB")
     return value
 
 
@@ -111,7 +114,6 @@ KvCacheGib = Annotated[
         "--kv-cache-gib",
         help="KV cache size in GiB, to share a GPU (default: on a GPU vLLM's share of its memory, the page summaries "
         "reserved; on the CPU 1 GiB, in whole GiB).",
-        min=MIN_KV_CACHE_GIB,
         show_default=False,
         callback=_finite_gib,
     ),
