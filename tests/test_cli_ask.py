@@ -233,7 +233,8 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["", "--pages", "1-3"], "'DOC': empty: give a document's path"),
     ],
     ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument",
-         "unknown_option", "sessions_id", "kv_cache_of_nothing", "kv_cache_infinite", "blank_document",
+         "unknown_option", "sessions_id", "kv_cache_of_nothing", "kv_cache_infinite", "kv_cache_nan", "kv_cache_tiny",
+         "blank_document",
          "blank_document_chat"],
 )
 def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monkeypatch, capsys):
