@@ -140,7 +140,8 @@ def _start_holding_signals(options: Any, log: Path) -> Any:
     os.environ[APP_SIGINT_ENV] = "1"
     engine = None
     start = log.stat().st_size if log.exists() else 0
-    with interrupts_held() as held, children_start_quiet(log):
+    notice = "stopping: the engine is starting; it is shut down as soon as it is up (seconds)"
+    with interrupts_held(notice) as held, children_start_quiet(log):
         try:
             engine = LocksEngine(options)
         except EngineStartError as err:

@@ -67,8 +67,10 @@ HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class HeldSignal:
     """The first of :data:`HELD_SIGNALS` that arrived in an :func:`interrupts_held` block (``signum``), if any."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: str | None = None) -> None:
         self.signum: int | None = None
+        self.notice = notice
+        """a line for stderr at the first signal held (what happens now), or None"""
 
     def is_set(self) -> bool:
         return self.signum is not None
@@ -76,6 +78,12 @@ class HeldSignal:
     def hold(self, signum: int, frame: object = None) -> None:
         if self.signum is None:
             self.signum = signum
+            if self.notice:
+                try:
+                    sys.stderr.write(f"\n{self.notice}\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):  # stderr closed or full: the stop goes on without the line
+                    pass
 
     def redeliver(self) -> None:
         """Send the held signal to this process again, once its own handler is back: Ctrl+C raises
@@ -118,9 +126,10 @@ def release_held_interrupts() -> None:
 
 
 @contextlib.contextmanager
-def interrupts_held() -> Iterator[HeldSignal]:
+def interrupts_held(notice: str | None = None) -> Iterator[HeldSignal]:
     """Hold a Ctrl+C or a SIGTERM that arrives in this block: it is recorded, nothing is raised; the caller
-    stops after, and :meth:`HeldSignal.redeliver` hands it to the process's own handler.
+    stops after, and :meth:`HeldSignal.redeliver` hands it to the process's own handler. ``notice``, when
+    given, is written to stderr at the first one (the stop may take seconds: the user sees it was heard).
 
     While vLLM starts its engine core the main thread is mostly in pyzmq's ``zmq_poll`` (the startup handshake,
     then the wait for the ready message), which runs Python's signal handlers when its poll is interrupted: the
@@ -130,7 +139,7 @@ def interrupts_held() -> Iterator[HeldSignal]:
     Off the main thread the handlers are left as they are; so is a signal ignored here (a background job
     ignores SIGINT).
     """
-    held = HeldSignal()
+    held = HeldSignal(notice)
     if threading.current_thread() is not threading.main_thread():
         yield held
         return

@@ -47,6 +47,17 @@ def test_a_signal_during_the_start_is_held_and_the_handlers_restored(signum, sig
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_the_first_held_signal_says_what_happens_now(sigterm_raises, capsys):
+    """A Ctrl+C during a start that takes seconds more is answered at once, once."""
+    with interrupts_held("stopping: the engine is starting") as held:
+        assert capsys.readouterr().err == ""
+        for signum in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+    assert held.signum == signal.SIGINT
+    assert capsys.readouterr().err.strip().splitlines() == ["stopping: the engine is starting"]
+
+
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
 def test_the_held_signal_goes_to_the_process_handler_afterwards(signum, raised, sigterm_raises):
     with interrupts_held() as held:
