@@ -460,3 +460,16 @@ async def test_a_session_deleted_from_another_terminal_is_said_and_export_still_
         now = app.screen.chat.session.id
     assert now != gone and [t.question for t in store.turns(now)] == ["Second?"]
     assert [t.status for t in store.turns(now)] == ["done"]
+
+
+async def test_settings_warnings_are_shown_when_the_app_opens(book):
+    """A settings file's refused values are said on screen, not only dropped (``load_settings``' warnings)."""
+    from locks_chat.tui.app import WARNING_SECONDS
+
+    warning = "settings.toml: budget, rank refused (rank=99 is larger than page_size=16); using the defaults"
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()), warnings=(warning,))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(pilot.app), what="the app to be ready")
+        assert notices(app, "warning") == [warning]
+        [note] = [n for n in app._notifications if n.message == warning]
+        assert note.timeout == WARNING_SECONDS >= 20

@@ -15,6 +15,10 @@ from locks_chat.tui.book_chat import BookChat, ChatOptions, EngineFactory, Token
 from locks_chat.tui.screens.chat import ChatScreen
 
 
+#: seconds the warnings given at the start (the settings file's) stay on screen
+WARNING_SECONDS = 30
+
+
 class LocksChatApp(App):
     """Chat with a book; the engine is closed when the app exits (Ctrl+Q, ``/quit`` or SIGTERM)."""
 
@@ -31,8 +35,8 @@ class LocksChatApp(App):
     def on_mount(self) -> None:
         self._watch_sigterm()
         self.push_screen(ChatScreen(self.chat))
-        for warning in self.warnings:
-            self.notify(warning, severity="warning")
+        for warning in self.warnings:  # shown while the engine starts: long enough to be read
+            self.notify(warning, title="settings", severity="warning", timeout=WARNING_SECONDS)
 
     def on_unmount(self) -> None:
         self.chat.close()
