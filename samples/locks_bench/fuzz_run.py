@@ -79,15 +79,17 @@ def serve(conn, limit: int) -> None:
 
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    os.chdir(tempfile.mkdtemp(prefix="fuzz-ingest-"))  # messages then name the input as "doc.pdf", not a path
-    while (task := conn.recv()) is not None:
-        _, _, data, name, pages = task
-        path = Path(name)
-        path.write_bytes(data)
-        outcome = asdict(load_outcome(path, pages))
-        outcome["worker_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
-        conn.send(outcome)
-        path.unlink()
+    with tempfile.TemporaryDirectory(prefix="fuzz-ingest-") as work:
+        os.chdir(work)  # messages then name the input as "doc.pdf", not a path
+        while (task := conn.recv()) is not None:
+            _, _, data, name, pages = task
+            path = Path(name)
+            path.write_bytes(data)
+            outcome = asdict(load_outcome(path, pages))
+            outcome["worker_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+            conn.send(outcome)
+            path.unlink()
+        os.chdir("/")  # out of the folder before it is removed
 
 
 class Tally:
