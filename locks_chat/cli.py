@@ -212,10 +212,11 @@ def main() -> None:
     the click exceptions Typer raises (Typer 0.29 carries its own copy of click)."""
     raise_on_sigterm()
     args = with_default_command(sys.argv[1:])
+    sigpipe = None
     if {"--help", "-h", "--version"} & set(args):
         # help and version only print: a closed pipe (``| head``) ends them as it ends other tools (exit 141);
-        # Rich would exit 1 on it
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        # Rich would exit 1 on it. Given back after (main also runs inside a test process).
+        sigpipe = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         code = app(args=args, prog_name="locks-chat", standalone_mode=False)
         sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
@@ -239,6 +240,9 @@ def main() -> None:
         err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
                           "elsewhere, then run again", highlight=False, soft_wrap=True)
         code = OUTPUT_ERROR_EXIT_CODE
+    finally:
+        if sigpipe is not None:
+            signal.signal(signal.SIGPIPE, sigpipe)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -344,3 +344,18 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exited:
         entry.main()
     assert exited.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+def test_help_gives_back_the_sigpipe_handler(monkeypatch, capsys):
+    """``--help`` takes SIGPIPE's default action only while it prints (``main`` also runs inside processes that
+    go on: a test process killed later by a closed pipe)."""
+    import signal
+
+    from locks_chat.cli import main
+
+    before = signal.getsignal(signal.SIGPIPE)
+    monkeypatch.setattr("sys.argv", ["locks-chat", "ask", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0 and "--kv-cache-gib" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGPIPE) == before
