@@ -9,17 +9,18 @@
 #   bash samples/gpu_selection_rows.sh kernels OUT    # one layer's decode step at GLM 1M, Llama 128K and 256K: the
 #                                                     # flat scan, each c of the table, its mean, vLLM's FA3 (~3 min)
 #   python samples/selection_rows.py --e2e OUT/e2e --kernels OUT/kernels/two_level.json --json OUT/targets.json
-# 128K x 6 sequences needs about 135 GiB of GPU memory (99 GiB of KV): an H200.
+# 128K x 6 sequences needs about 135 GiB of GPU memory (99 GiB of KV): an H200; BATCH= (empty) leaves it out.
 set -euo pipefail
 STAGE=${1:?usage: gpu_selection_rows.sh flash|locks-2l|locks|kernels OUT}
 OUT=${2:?usage: gpu_selection_rows.sh flash|locks-2l|locks|kernels OUT}
 TABLE=${TABLE:-keep-needle}
+BATCH=${BATCH-131072:6}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 case "$STAGE" in
   flash|locks|locks-2l)
     # a cold first engine (JIT caches) takes ~4 minutes to start: the limits leave it room
-    python3 samples/bench_e2e.py --shape llama3.1-8b --contexts 131072,262144 --batch 131072:6 \
+    python3 samples/bench_e2e.py --shape llama3.1-8b --contexts 131072,262144 ${BATCH:+--batch "$BATCH"} \
       --backends "$STAGE" --candidates "$TABLE" --decode 32,160 --reps 3 \
       --timeout 585 --total-s 590 --time-limit 560 --out "$OUT/e2e" 2>&1 | tail -25 ;;
   kernels)
