@@ -78,14 +78,23 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             _drop_stdout()
             raise typer.Exit(BROKEN_PIPE_EXIT_CODE) from None
         except OSError as err:
-            if err.errno not in _OUTPUT_FULL:
-                raise
-            _drop_stdout()
-            err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
-                              "elsewhere, then run again", highlight=False, soft_wrap=True)
-            raise typer.Exit(OUTPUT_ERROR_EXIT_CODE) from None
+            raise typer.Exit(_output_not_written(err)) from None
 
     return wrapper
+
+
+def _output_not_written(err: OSError) -> int:
+    """Say in one line that stdout could not be written (a full disk, a quota) and return the exit code.
+
+    Raises:
+        OSError: ``err`` again when it is another error.
+    """
+    if err.errno not in _OUTPUT_FULL:
+        raise err
+    _drop_stdout()
+    err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
+                      "elsewhere, then run again", highlight=False, soft_wrap=True)
+    return OUTPUT_ERROR_EXIT_CODE
 
 
 def _print_version(value: bool) -> None:
@@ -163,7 +172,8 @@ def chat(
     run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new, kv_cache_gib)
 
 
-sessions_app = typer.Typer(no_args_is_help=True, help="Saved conversations: every ask and chat is one, kept per book (path and content).")
+sessions_app = typer.Typer(no_args_is_help=True,
+                           help="Saved conversations: every ask and chat is one, kept per book (path and content).")
 app.add_typer(sessions_app, name="sessions")
 
 
@@ -234,12 +244,7 @@ def main() -> None:
         err_console.print("terminated" if terminated else "interrupted")
         code = TERMINATED_EXIT_CODE if terminated else 130
     except OSError as err:  # the help or the version could not be written (the commands handle their own)
-        if err.errno not in _OUTPUT_FULL:
-            raise
-        _drop_stdout()
-        err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
-                          "elsewhere, then run again", highlight=False, soft_wrap=True)
-        code = OUTPUT_ERROR_EXIT_CODE
+        code = _output_not_written(err)
     finally:
         if sigpipe is not None:
             signal.signal(signal.SIGPIPE, sigpipe)

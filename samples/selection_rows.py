@@ -123,7 +123,8 @@ def figures(cells: dict, row: dict | None, fit: dict | None) -> dict[str, dict]:
             table_layer = flat_layer - flat_ms + table_ms
             out["glm_layer"].update(two_level=round(dense_layer / table_layer, 2),
                                     flat=round(dense_layer / flat_layer, 2))
-            out["glm_layer"]["detail"] += (f"; layer (fit, kernels {fit.get('kernels')}): FLASH_ATTN "
+            out["glm_layer"]["detail"] += (f"; layer (fit of machine {fit.get('machine')}, kernels "
+                                           f"{fit.get('kernels')}): FLASH_ATTN "
                                            f"{dense_layer:.4f} ms, flat {flat_layer:.4f}, table {table_layer:.4f}")
             fixed, dense_full = fit["locks_fixed_ms"], fit["dense_ms_at_full_depth"]
             out["glm_40"].update(two_level=round(dense_full / (fixed + 40 * table_layer), 2),
