@@ -6,7 +6,7 @@ import re
 import time
 from pathlib import Path
 
-from locks_chat.errors import escape_breaks
+from locks_chat.errors import LocksChatError, escape_breaks
 from locks_chat.sessions import SessionInfo, Turn
 from locks_chat.settings import data_dir
 
@@ -72,14 +72,29 @@ def render_transcript(session: SessionInfo, turns: list[Turn]) -> str:
 
 
 def export_transcript(session: SessionInfo, turns: list[Turn], directory: Path | None = None) -> Path:
-    """Write the transcript to ``exports/<title>-<time>.md`` in the user data directory; returns the path."""
+    """Write the transcript to ``exports/<title>-<time>.md`` in the user data directory; returns the path.
+
+    Raises:
+        LocksChatError: the folder or the file cannot be written (a file in the folder's place, no permission,
+            a full disk); nothing is left behind.
+    """
     directory = directory or data_dir() / "exports"
-    directory.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", session.title).strip("-")[:60] or "session"
     path = directory / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}.md"
     number = 1
     while path.exists():
         number += 1
         path = directory / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{number}.md"
-    path.write_text(render_transcript(session, turns), encoding="utf-8")
+    written = False
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with path.open("x", encoding="utf-8") as out:
+            written = True
+            out.write(render_transcript(session, turns))
+    except OSError as err:
+        if written:
+            path.unlink(missing_ok=True)
+        reason = err.strerror or type(err).__name__
+        raise LocksChatError(f"cannot write the transcript to {directory} ({reason}); make it a writable folder "
+                             f"or free space, then /export again") from None
     return path

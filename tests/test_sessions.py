@@ -350,6 +350,31 @@ def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):
     assert path != again and path.read_text() == text and path.name.startswith("My-Book-")
 
 
+def test_export_that_cannot_be_written_is_one_error_and_leaves_nothing(book, tmp_path, monkeypatch):
+    from locks_chat.errors import LocksChatError
+
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "My Book", None)
+    store.save_turn(store.begin_turn(session.id, "Who?"), "Ann", "done")
+    blocked = tmp_path / "exports"
+    blocked.write_text("a file where the folder goes")
+    with pytest.raises(LocksChatError, match=r"cannot write the transcript to .*exports \(File exists\)"):
+        export_transcript(store.get(session.id), store.turns(session.id), blocked)
+    folder = tmp_path / "full"
+    real_open = Path.open
+
+    def full_disk(self, mode="r", *args, **kwargs):
+        handle = real_open(self, mode, *args, **kwargs)
+        if "x" in mode:
+            handle.write = lambda text: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+        return handle
+
+    monkeypatch.setattr(Path, "open", full_disk)
+    with pytest.raises(LocksChatError, match="No space left on device"):
+        export_transcript(store.get(session.id), store.turns(session.id), folder)
+    assert list(folder.iterdir()) == []
+
+
 def test_transcript_and_list_cannot_drive_the_terminal(book, tmp_path):
     store = SessionStore()
     session = store.open_session(str(book), file_hash(book), "[red]Book\x1b]0;owned\x07", None)

