@@ -15,7 +15,7 @@ reading one sequence. Measures, per step and query head, at a page budget:
 
 Summaries are built by ``locks_engine.ops``; scores use the formulas of ``score_pages``, ``quest_scores`` and
 ``shared_basis_scores`` evaluated once for the one sequence instead of through a block table per step (the same
-numbers, checked in ``tests/test_fidelity.py``, at a fraction of the memory at 32K tokens). Selection is
+numbers, checked in ``tests/studies/test_fidelity.py``, at a fraction of the memory at 32K tokens). Selection is
 ``select_pages`` itself.
 """
 

@@ -13,7 +13,7 @@ saves the first and the last streaming captures with different tokens as ``frame
 panel changing per token in a real terminal (on a GPU, with the decode steps in CUDA graphs). Exit status 1 when
 fewer than two different tokens were seen while the answer streamed.
 
-Run it as a module from the repository root (``-m``), so that ``tests.tmux_support`` imports.
+Run it as a module from the repository root (``-m``), so that ``tests.support.tmux_support`` imports.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="--model for locks-chat (default: the built-in model)")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds for the app to show Ready:")
     args = parser.parse_args()
-    from tests.tmux_support import TmuxApp, screen_svg
+    from tests.support.tmux_support import TmuxApp, screen_svg
 
 
     from locks_engine.models import resolve_model
@@ -105,7 +105,7 @@ TOKEN = re.compile(r"token (\d+)(?: of (\d+))?:")
 def stream_frames(app, interval: float, limit_s: float = 900.0) -> list[dict]:
     """Capture (with escapes) every ``interval`` seconds until the answer is complete; per capture the seconds
     since the first, the token in the Pages-read panel's headline (None before the first) and the screen."""
-    from tests.tmux_support import panel
+    from tests.support.tmux_support import panel
 
     frames, start = [], time.monotonic()
     while time.monotonic() - start < limit_s:
@@ -125,7 +125,7 @@ def stream_frames(app, interval: float, limit_s: float = 900.0) -> list[dict]:
 
 def save_frames(frames: list[dict], folder: Path, title: str, columns: int) -> int:
     """Write ``frames.json`` (no escapes) and two SVG captures at different tokens; 1 when there are not two."""
-    from tests.tmux_support import screen_svg
+    from tests.support.tmux_support import screen_svg
 
     folder.mkdir(parents=True, exist_ok=True)
     streaming = [f for f in frames if f["token"] is not None and "Ready:" not in f["screen"]]

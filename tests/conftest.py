@@ -1,6 +1,6 @@
 """Shared fixtures: every test gets its own user directory (``LOCKS_CHAT_HOME``); the built-in model's directory
 for the real-engine tests (skipped when it cannot be installed). Hypothesis profiles: ``ci``, the default, sized so
-that the fuzzed-ingestion tests (``tests/test_ingest_fuzz.py``) take under two minutes on two CPU cores and draw the
+that the fuzzed-ingestion tests (``tests/ingest/test_ingest_fuzz.py``) take under two minutes on two CPU cores and draw the
 same inputs on every run; ``fuzz`` (``pytest --hypothesis-profile=fuzz``) draws 20 times more, at random, and keeps
 failing inputs in ``.hypothesis/``."""
 

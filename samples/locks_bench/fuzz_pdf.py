@@ -1,4 +1,4 @@
-"""Hypothesis strategies for hostile PDF bytes, for fuzzing ``load_document`` (``tests/test_ingest_fuzz.py``,
+"""Hypothesis strategies for hostile PDF bytes, for fuzzing ``load_document`` (``tests/ingest/test_ingest_fuzz.py``,
 ``samples/fuzz_ingest.py``).
 
 PDFs are assembled by hand (:func:`assemble`: numbered objects, a classic cross-reference table, a trailer), so

@@ -1,0 +1,83 @@
+"""``samples/BENCHMARKS.md`` and the README's results table match the summary JSON (``locks_bench.benchmarks_doc``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from locks_bench.benchmarks_doc import END, START, benchmarks_md, readme_table, rewrite_readme
+from tests.support.paths import REPO as ROOT
+
+RESULTS = ROOT / "samples" / "results"
+
+
+def test_committed_benchmarks_md_matches_the_json():
+    assert (ROOT / "samples" / "BENCHMARKS.md").read_text() == benchmarks_md(RESULTS)
+
+
+def test_committed_readme_table_matches_the_json():
+    text = (ROOT / "README.md").read_text()
+    if START not in text:
+        pytest.skip("README has no results markers yet")
+    assert rewrite_readme(text, RESULTS) == text
+
+
+def synthetic(results: Path) -> None:
+    row = lambda kernels, ctx, batch, dense, locks: {  # noqa: E731
+        "shape": "llama3.1-8b", "context": ctx, "batch": batch, "layers": 32, "extrapolated": False,
+        "dense_tpot_ms": dense, "locks_tpot_ms": locks, "speedup": round(dense / locks, 2), "kernels": kernels}
+    e2e = {"gpu": "H", "command": ["python samples/bench_e2e.py --out A", "python samples/bench_e2e.py --kernels k2"],
+           "provenance": {"": {"date": "2026-01-01", "commit": "aaa", "machine": "GPU1"},
+                          "k2": {"date": "2026-01-02", "commit": "k2", "machine": "GPU2"}},
+           "rows": [row(None, 131072, 1, 9.0, 8.0), row("k2", 131072, 1, 9.0, 6.0), row(None, 131072, 6, 36.0, 12.0)]}
+    fidelity = {"date": "2026-01-03T10:00:00", "machine": "cpu", "command": ["python", "samples/bench_fidelity.py"],
+                "mass": [{"model": "m", "selector": "locks", "context": 32768, "budget_frac": 0.02, "rank": 8,
+                          "mass_vs_oracle": 0.995, "mass_vs_oracle_mean": 0.99, "min_layer_mean": 0.95}],
+                "needle": [{"model": "m", "context": 8192, "mode": "locks", "budget_frac": 0.05, "accuracy": 1.0,
+                            "trials": 10}, {"model": "m", "context": 8192, "mode": "dense", "budget_frac": 1.0,
+                            "accuracy": 0.9, "trials": 10}], "needle_command": [["python", "samples/bench_needle.py"]],
+                "needle_provenance": {"8192": {"machine": {"kind": "cpu", "name": "CPU1", "cpu_class": "AVX2"},
+                                               "commit": "ccc", "date": "2026-01-04T09:00:00",
+                                               "command": [["python", "samples/bench_needle.py"]]}}}
+    results.mkdir()
+    (results / "e2e.json").write_text(json.dumps(e2e))
+    (results / "fidelity.json").write_text(json.dumps(fidelity))
+
+
+def test_generator_on_synthetic_json(tmp_path):
+    """The latest kernels' row of a cell is the headline, with its own machine, commit, date and command."""
+    results = tmp_path / "results"
+    synthetic(results)
+    table = readme_table(results)
+    assert table[0] == "| result | LOCKS | baseline | ratio | machine | commit | date | command |"
+    first, batched, mass, needle = table[2:]
+    assert "| 6.00 ms | 9.00 ms | **1.50x** | GPU2 | k2 | 2026-01-02 | `python samples/bench_e2e.py --kernels k2` |" in first
+    assert "x 6 sequences: TPOT (summary format `None`) | 12.00 ms | 36.00 ms | **3.00x** | GPU1 | aaa | 2026-01-01" \
+        in batched
+    assert "median 0.995, mean 0.990, worst layer 0.950 |  | - | cpu |  | 2026-01-03 | `python samples/bench_fidelity.py`" in mass
+    assert "Needle in 8,192 tokens, m | 10/10 at 5% of pages | dense 9/10 | - | CPU1 (AVX2) | ccc | 2026-01-04 |" in needle
+    readme = f"# Title\n\n{START}\nold\n{END}\n\nafter\n"
+    new = rewrite_readme(readme, results)
+    assert new.startswith(f"# Title\n\n{START}\n| result") and new.endswith(f"{END}\n\nafter\n")
+    assert rewrite_readme(new, results) == new
+    with pytest.raises(ValueError, match="markers"):
+        rewrite_readme("# no markers\n", results)
+    doc = benchmarks_md(results)
+    assert "## End to end in vLLM" in doc and "## Needle in a haystack" in doc
+
+
+def test_check_exits_1_on_a_stale_file(tmp_path):
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    synthetic(results)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{START}\n{END}\n")
+    args = [sys.executable, str(ROOT / "samples" / "make_benchmarks.py"), "--results", str(results),
+            "--benchmarks", str(tmp_path / "B.md"), "--readme", str(readme)]
+    assert subprocess.run([*args, "--check"], capture_output=True).returncode == 1
+    assert subprocess.run(args, capture_output=True).returncode == 0
+    assert subprocess.run([*args, "--check"], capture_output=True).returncode == 0

@@ -1,0 +1,134 @@
+"""Quitting while the engine starts or the tokenizer loads: ``App.run()`` (what the CLI calls; ``run_test`` does
+not join the worker threads) returns at once, the conversation saved so far stays saved, and an engine start left
+to its own thread closes its engine when it is up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from locks_chat.sessions import SessionStore, file_hash
+from locks_chat.signals import TERMINATED_EXIT_CODE
+from locks_chat.tui.app import build_app
+from locks_chat.tui.book_chat import ChatOptions
+from locks_chat.tui.widgets.page_heatmap import PageHeatMap
+from locks_chat.tui.widgets.prompt_input import PromptInput
+from tests.support.fakes import FakeEngine
+from tests.support.tui_support import Factory, GatedEngine, until, write_book
+
+SIZE = (120, 40)
+
+
+class BlockedRestart:
+    """An engine factory whose first engine starts at once and whose second start blocks until ``release``."""
+
+    def __init__(self) -> None:
+        self.engines = [FakeEngine(answer="The password is BLUE."), FakeEngine()]
+        self.starting = threading.Event()
+        self.release = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, model, locks, max_model_len):
+        self.threads.append(threading.current_thread())
+        if len(self.threads) > 1:
+            self.starting.set()
+            self.release.wait(30)
+        return self.engines[len(self.threads) - 1]
+
+
+def test_quitting_while_the_engine_starts_does_not_wait_for_it(tmp_path, capfd):
+    factory = BlockedRestart()
+    app = build_app(write_book(tmp_path), ChatOptions(), factory)
+    pressed: list[float] = []
+
+    async def answer_then_restart_then_quit(pilot) -> None:
+        screen = app.screen
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        screen.query_one(PromptInput).value = "What is the password?"
+        await pilot.press("enter")
+        await until(pilot, lambda: not screen.answering and app.chat.turns, what="the answer")
+        screen.query_one(PromptInput).value = "/budget 1024"
+        await pilot.press("enter")
+        await until(pilot, factory.starting.is_set, what="the restart")
+        pressed.append(time.monotonic())
+        await pilot.press("ctrl+q")
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=answer_then_restart_then_quit)
+        returned = time.monotonic()
+        assert pressed and returned - pressed[0] < 5, "quitting waited for the engine start"
+        assert not factory.release.is_set() and factory.threads[-1].daemon
+        store = SessionStore()
+        [saved] = store.turns(store.list_sessions()[0].id)
+        assert (saved.status, saved.answer) == ("done", "The password is BLUE.")
+    finally:
+        factory.release.set()
+    factory.threads[-1].join(5)
+    assert factory.engines[0].closed and factory.engines[1].closed, "the engine that came up late was closed"
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_quitting_while_the_tokenizer_loads_does_not_wait_for_it(tmp_path, capfd):
+    book = write_book(tmp_path)
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "book", None, False)
+    turn = store.begin_turn(session.id, "Earlier?")
+    store.save_turn(turn, "An earlier answer.", "done", [], {})
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_tokenizer(model, max_model_len):
+        loading.set()
+        release.wait(30)
+
+    app = build_app(book, ChatOptions(), Factory(), tokenizer_factory=slow_tokenizer)
+    pressed: list[float] = []
+
+    async def quit_while_loading(pilot) -> None:
+        await until(pilot, loading.is_set, what="the tokenizer load")
+        pressed.append(time.monotonic())
+        await pilot.press("ctrl+q")
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=quit_while_loading)
+        assert pressed and time.monotonic() - pressed[0] < 5, "quitting waited for the tokenizer"
+        [saved] = store.turns(session.id)
+        assert (saved.status, saved.answer) == ("done", "An earlier answer.")
+    finally:
+        release.set()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_sigterm_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capfd):
+    engine = GatedEngine(answer="The password is BLUE and the boats are twelve.")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    seen: list[int] = []
+    # a SIGTERM the app did not take would reach this handler (not kill the test run) and fail the test
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+
+    async def sigterm_mid_answer(pilot) -> None:
+        screen = app.screen
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        screen.query_one(PromptInput).value = "What is the password?"
+        await pilot.press("enter")
+        engine.release(2)
+        strip = screen.query_one(PageHeatMap)
+        await until(pilot, lambda: strip.token == 2, what="token 2")
+        os.kill(os.getpid(), signal.SIGTERM)
+        await pilot.pause(5)  # the app exits before this ends
+        if app.return_code is None:
+            app.exit()  # it did not: end the run, and the asserts below fail
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=sigterm_mid_answer)
+        assert app.return_code == TERMINATED_EXIT_CODE and not seen
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler from before the app is back
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert saved.status == "cancelled" and saved.answer.startswith("The password")
+    assert engine.closed and engine.aborted == 1
+    assert "Traceback" not in capfd.readouterr().err

@@ -1,0 +1,117 @@
+"""The two-level selection's Triton kernels (``locks_kernels.superpages``, ``score_pages(tiles=)``,
+``select_pages(tiles=)``) against their ops twins (``locks_engine.ops.superpages``)."""
+
+import pytest
+import torch
+
+import locks_kernels as lk
+from locks_engine import LocksConfig
+from locks_engine.ops import build_cache_summaries
+from locks_engine.ops.score import score_candidate_pages
+from locks_engine.ops.select import group_mass_shares, select_candidate_pages
+from locks_engine.ops.superpages import (
+    allocate_superpages, candidate_pages, completed_superpages, select_two_level, superpage_config,
+    superpage_scores, write_superpage_centroids,
+)
+from locks_engine.ops import select_pages
+from tests.support.helpers import assert_close, make_scenario
+from tests.support.kernels_support import DEVICE, ON_GPU, on_device, poisoned, requires_kernels, summaries_on_device
+
+pytestmark = requires_kernels
+
+CFG = LocksConfig(budget=16 * 8, sink_pages=1, recent_pages=1)
+
+
+def _setup(lengths, groups, dim=64, seed=0, block_size=32):
+    sc = make_scenario(lengths, num_kv_heads=2, groups=groups, head_dim=dim, seed=seed, key_offset=1.5,
+                       block_size=block_size)
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, CFG)
+    sp = allocate_superpages(store.num_pages, 2, dim, "cpu")
+    write_superpage_centroids(sp, store, completed_superpages(sc.seq_lens, sc.seq_lens, sc.block_table, 16,
+                                                              sc.block_size))
+    return sc, store, sp
+
+
+def test_superpage_slots_match_the_ops_config():
+    for budget, sink, recent, c in [(128, 1, 1, 4), (128, 0, 0, 1), (24, 3, 17, 16), (20, 16, 1, 32)]:
+        cfg = LocksConfig(budget=16 * budget, sink_pages=sink, recent_pages=recent)
+        assert lk.superpage_slots(budget, sink, recent, c) == superpage_config(cfg, c).budget_pages
+
+
+@pytest.mark.parametrize("groups", [1, 7])
+def test_build_completed_superpages_writes_only_where_a_superpage_completed(groups):
+    # rows 0 and 2 just completed superpage 1 and 0; row 1 is mid-superpage
+    sc, store, expected = _setup([16 * 32, 16 * 20 + 5, 16 * 16], groups)
+    dev = on_device(sc)
+    sp = torch.full_like(expected, 7.0).to(DEVICE)
+    keep = sp.clone()
+    lk.build_completed_superpages(summaries_on_device(store)[0], sp, dev.block_table, dev.seq_lens, 16,
+                                  sc.block_size)
+    ids = completed_superpages(sc.seq_lens, torch.ones(3, dtype=torch.int32), sc.block_table, 16, sc.block_size)
+    assert ids.shape[0] == 2
+    written = torch.zeros(sp.shape[0], dtype=torch.bool)
+    written[ids[:, -1]] = True
+    assert torch.allclose(sp.cpu()[written].float(), expected[written].float(), atol=1e-3)
+    assert torch.equal(sp.cpu()[~written], keep.cpu()[~written])
+
+
+@pytest.mark.parametrize("groups", [1, 4, 7])
+def test_superpage_scores_match_ops(groups):
+    sc, store, sp = _setup([16 * 70 + 3, 16 * 16, 5], groups, seed=1)
+    ref = superpage_scores(sc.q, sp, sc.block_table, sc.seq_lens, 16, sc.block_size)
+    dev = on_device(sc)
+    out = poisoned(ref.shape, torch.float32)
+    lk.superpage_scores(dev.q, sp.to(DEVICE), dev.block_table, dev.seq_lens, 16, sc.block_size, out=out)
+    out = out.cpu()
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not out.isnan().any()
+    assert_close("superpage scores", ref[torch.isfinite(ref)], out[torch.isfinite(out)], 2e-3)
+
+
+@pytest.mark.parametrize("groups", [1, 4, 7])
+def test_listed_scores_and_selection_match_ops(groups):
+    sc, store, sp = _setup([16 * 70 + 3, 16 * 33, 16 * 2 + 1], groups, seed=2)
+    chosen = torch.tensor([[[0, 2, 4], [1, 3, 4]], [[0, 1, 2], [0, 2, -1]], [[0, -1, -1], [0, -1, -1]]])
+    pages = candidate_pages(chosen, sc.seq_lens, 16)
+    ref = score_candidate_pages(sc.q, store, sc.block_table, sc.seq_lens, pages, 16, sc.block_size)
+    dev = on_device(sc)
+    out = poisoned(ref.shape, torch.float32)
+    lk.score_pages(dev.q, summaries_on_device(store), dev.block_table, dev.seq_lens, 16, sc.block_size, out=out,
+                   tiles=chosen.to(DEVICE))
+    out = out.cpu()
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not out.isnan().any(), "-inf exactly where ops has it"
+    assert_close("listed scores", ref[torch.isfinite(ref)], out[torch.isfinite(out)], 5e-2)
+    for cfg in (CFG, LocksConfig(budget=16 * 7, sink_pages=2, recent_pages=3)):
+        expected = select_candidate_pages(ref, pages, sc.seq_lens, 2, cfg)
+        got = lk.select_pages(ref.to(DEVICE), dev.seq_lens, 2, cfg.budget_pages, 16, cfg.sink_pages,
+                              cfg.recent_pages, tiles=chosen.to(DEVICE)).cpu()
+        assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("candidates", [1, 4])
+@pytest.mark.parametrize("groups", [1, 7])
+def test_select_two_level_matches_ops(groups, candidates):
+    lengths = [16 * 300 + 9, 16 * 48, 16 * 5] if ON_GPU else [16 * 150 + 9, 16 * 48]
+    sc, store, sp = _setup(lengths, groups, seed=3)
+    cfg = CFG
+    ref, pages = select_two_level(sc.q, store, sp, sc.block_table, sc.seq_lens, 2, cfg, candidates, sc.block_size)
+    dev = on_device(sc)
+    got, chosen = lk.select_two_level(dev.q, summaries_on_device(store), sp.to(DEVICE), dev.block_table,
+                                      dev.seq_lens, 16, sc.block_size, cfg.budget_pages, cfg.sink_pages,
+                                      cfg.recent_pages, candidates)
+    got, chosen = got.cpu(), chosen.cpu()
+    assert got.shape == ref.shape
+    # the superpages chosen may differ on near-ties (fp16 query there); compare the mass each selection keeps
+    # under the ops estimate over every page, and that forced pages are read
+    flat = score_candidate_pages(sc.q, store, sc.block_table, sc.seq_lens,
+                                 torch.arange(sc.block_table.shape[1] * 2).expand(len(lengths), 2, -1), 16,
+                                 sc.block_size)
+    shares = group_mass_shares(flat, 2)
+
+    def kept(sel):
+        return torch.gather(shares, 2, sel.clamp_min(0)).masked_fill(sel < 0, 0).sum(-1)
+    assert torch.allclose(kept(got), kept(ref), atol=2e-3)
+    assert torch.equal((got >= 0).sum(-1), (ref >= 0).sum(-1))
+    assert (got == 0).any(-1).all()
+    assert torch.equal(chosen, select_pages(superpage_scores(sc.q, sp, sc.block_table, sc.seq_lens, 16,
+                                                             sc.block_size),
+                                            sc.seq_lens, 2, superpage_config(cfg, candidates)))
