@@ -207,7 +207,7 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
 
 #: pages per first-pass program: long enough that few chunks reach the merge, short enough that one sequence's
 #: chunks fill the GPU (1,024 against 2,048: the flat decode step 1-2 us faster at Llama-3.1-8B shapes 128K-256K and
-#: 34 us at GLM 1M, the two-level step the same, one H100, ``kernels/NOTES.md``)
+#: 34 us at GLM 1M, the two-level step the same, one H100, ``samples/studies/KERNEL_TUNING.md``)
 CHUNK = 1024
 #: largest candidate count one merge program searches before a group pass is added: one program's search over
 #: many more candidates costs more than the extra launch
@@ -243,13 +243,6 @@ def _warps(n: int) -> int:
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _every_page(seq_lens: Tensor, page_size: int, out: Tensor) -> Tensor:
-    """``out`` `[S, H, Pmax]` = pages ascending, ``-1`` past each sequence (a budget of every page)."""
-    pages = torch.arange(out.shape[-1], device=out.device)
-    num_pages = (seq_lens.long() + page_size - 1) // page_size
-    return out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))
-
-
 def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
@@ -262,7 +255,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         assert tiles.shape == (seqs, num_kv_heads, pmax // TILE_PAGES) and pmax % TILE_PAGES == 0, "tiles: [S, H, M]"
         assert tiles.stride(-1) == 1, "tiles must be contiguous along M"
     elif budget_pages >= pmax:
-        return _every_page(seq_lens, page_size, out)
+        return every_page(seq_lens, num_kv_heads, pmax, page_size, out)
     kp = triton.next_power_of_2(slots)
     chunk, group = _plan(pmax, kp)
     nchunk = triton.cdiv(pmax, chunk)
@@ -396,3 +389,21 @@ def select_pages(
     """
     return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out,
                        tiles)
+
+
+def every_page(seq_lens: Tensor, num_kv_heads: int, pmax: int, page_size: int, out: Tensor | None = None) -> Tensor:
+    """The selection that reads every page of every sequence, unranked, as ``locks_engine.ops.select.every_page``
+    (plain torch, no host synchronization: CUDA-graph safe).
+
+    Args:
+        seq_lens (Tensor): `[S]` int32 tokens. num_kv_heads (int): H.
+        pmax (int): slots, the pages the block table spans. page_size (int): B, tokens a page.
+        out (Tensor | None): int64 `[S, H, Pmax]` written in place (fixed address for CUDA graphs).
+    Returns:
+        Tensor: int64 `[S, H, Pmax]` logical pages ascending, ``-1`` past each sequence's last page.
+    """
+    if out is None:
+        out = torch.empty(seq_lens.shape[0], num_kv_heads, pmax, dtype=torch.int64, device=seq_lens.device)
+    pages = torch.arange(pmax, device=out.device)
+    num_pages = (seq_lens.long() + page_size - 1) // page_size
+    return out.copy_(torch.where(pages < num_pages.view(-1, 1, 1), pages, -1).expand_as(out))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locks_chat.citations import CitationCheck, check_citations
-from locks_chat.engine import ChatEngine
+from locks_chat.engine_client import ChatEngine
 from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
 from locks_chat.prompt import Prompt, build_prompt
@@ -159,7 +159,7 @@ def fitting_prompt(
     """The prompt for ``questions`` (and earlier ``answers``), refused when it leaves no ``max_tokens`` of room.
 
     Args:
-        engine: a :class:`ChatEngine`, or a :class:`locks_chat.engine.ModelTokenizer` to check before the engine
+        engine: a :class:`ChatEngine`, or a :class:`locks_chat.engine_client.ModelTokenizer` to check before the engine
             starts (same tokenizer, same template: the same count).
     Raises:
         ContextError: see :func:`check_fits` and :func:`refuse_from_a_prefix` (a text far too long, refused

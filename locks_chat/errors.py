@@ -89,6 +89,11 @@ class ModelPathError(LocksChatError):
     """A ``--model`` path that does not exist or is not a model directory (bad input: exit code 2)."""
 
 
+HOME_ENV = "LOCKS_CHAT_HOME"
+"""environment variable that overrides the base of the user directories (``locks_chat.paths``): the fix that
+:class:`HomeDirError` names"""
+
+
 class HomeDirError(LocksChatError):
     """A directory locks-chat must write (model cache, engine log, sessions) is read-only or not permitted: the
     user's environment, fixed by making it writable or pointing ``LOCKS_CHAT_HOME`` elsewhere (exit code 2)."""
@@ -97,8 +102,6 @@ class HomeDirError(LocksChatError):
     def unwritable(cls, what: str, path: object, reason: str) -> "HomeDirError":
         """``cannot write the model cache /ro/models: Read-only file system; make it writable or set
         LOCKS_CHAT_HOME to a writable directory`` for ``what`` = ``the model cache``."""
-        from locks_chat.settings import HOME_ENV
-
         return cls(f"cannot write {what} {path}: {reason}; make it writable or set {HOME_ENV} to a writable directory")
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locks_chat.errors import LocksChatError, escape_breaks, exception_reason, is_text
-from locks_chat.settings import HOME_ENV, data_dir
+from locks_chat.errors import HOME_ENV, LocksChatError, escape_breaks, exception_reason, is_text
+from locks_chat.paths import data_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

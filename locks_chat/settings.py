@@ -1,10 +1,8 @@
-"""User settings (a TOML file in the user config directory) and the user directories.
+"""User settings: a TOML file in the user config directory (``locks_chat.paths.settings_path``).
 
-``$LOCKS_CHAT_HOME`` overrides the base of every directory (tests point it at ``tmp_path``): settings then live in
-``$LOCKS_CHAT_HOME/config/settings.toml``, data (sessions, exports) in ``$LOCKS_CHAT_HOME/data`` and the converted
-built-in model in ``$LOCKS_CHAT_HOME/models``; otherwise the platform's directories (``platformdirs``) are used.
-A missing or unreadable settings file gives the defaults (with a warning for an unreadable one); the file is
-rewritten whole, atomically, on every change.
+The LOCKS settings (budget, rank, dense) default to ``LocksConfig``'s, and the settings carry the ``LocksConfig``
+they make (:attr:`Settings.locks`), built and validated once with them. A missing or unreadable settings file gives
+the defaults (with a warning for an unreadable one); the file is rewritten whole, atomically, on every change.
 """
 
 from __future__ import annotations
@@ -12,67 +10,16 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from locks_chat.errors import LocksChatError
+from locks_chat.paths import settings_path
+from locks_engine.config import LocksConfig
 
-APP_NAME = "locks-chat"
-HOME_ENV = "LOCKS_CHAT_HOME"
-"""environment variable that overrides the base of the user directories"""
-
-
-def home_override() -> Path | None:
-    """``$LOCKS_CHAT_HOME`` with ``~`` expanded, or None when it is not set (or empty).
-
-    Raises:
-        LocksChatError: a ``~user`` that names no user (exit code 2).
-    """
-    home = os.environ.get(HOME_ENV)
-    if not home:
-        return None
-    try:
-        return Path(home).expanduser()
-    except RuntimeError:
-        raise LocksChatError(f"{HOME_ENV}={home}: no such user's home to expand ~ into; set it to a directory "
-                             "path") from None
-
-
-def config_dir() -> Path:
-    """Where ``settings.toml`` lives."""
-    home = home_override()
-    if home is not None:
-        return home / "config"
-    from platformdirs import user_config_dir
-
-    return Path(user_config_dir(APP_NAME))
-
-
-def data_dir() -> Path:
-    """Where sessions (``sessions.sqlite``) and exported transcripts live."""
-    home = home_override()
-    if home is not None:
-        return home / "data"
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir(APP_NAME))
-
-
-def model_cache_dir() -> Path:
-    """Where the built-in model is converted into once (``$LOCKS_CHAT_HOME/models``; else the engine's default,
-    ``locks_engine.models.default_cache_dir``)."""
-    home = home_override()
-    if home is not None:
-        return home / "models"
-    from locks_engine.models import default_cache_dir
-
-    return default_cache_dir()
-
-
-def settings_path() -> Path:
-    return config_dir() / "settings.toml"
-
+LOCKS_DEFAULTS = LocksConfig()
+"""the engine's LOCKS defaults: those of the settings and of the command line's options"""
 
 #: the smallest ``--context`` (tokens) and ``--kv-cache-gib`` the command line and the settings file take
 MIN_CONTEXT = 256
@@ -85,11 +32,11 @@ class Settings:
 
     model: str | None = None
     """``--model``: a Hugging Face directory or hub id; ``None``: the built-in model."""
-    budget: int = 2048
+    budget: int = LOCKS_DEFAULTS.budget
     """LOCKS token budget per decode step and KV head (``/budget N``)."""
-    rank: int = 8
+    rank: int = LOCKS_DEFAULTS.rank
     """Rank r of each KV page's key summary (``/rank r``)."""
-    dense: bool = False
+    dense: bool = LOCKS_DEFAULTS.dense
     """Read every KV page, for A/B comparisons (``/dense``)."""
     max_tokens: int = 512
     """Most tokens in one answer."""
@@ -98,17 +45,19 @@ class Settings:
     kv_cache_gib: float | None = None
     """KV cache size in GiB; ``None``: on a GPU vLLM's share of its memory (the page summaries reserved), on the
     CPU 1 GiB."""
+    locks: LocksConfig = field(init=False, repr=False, compare=False)
+    """the engine's LOCKS configuration of ``budget``, ``rank`` and ``dense`` (:func:`locks_config`), built with
+    the settings: they are refused together"""
 
-    def locks_config(self) -> Any:
-        """The engine's ``LocksConfig`` for these settings (:func:`locks_config`)."""
-        return locks_config(self.budget, self.rank, self.dense)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "locks", locks_config(self.budget, self.rank, self.dense))
 
     def with_overrides(self, **values: Any) -> "Settings":
         """A copy with the values that are not ``None`` replaced (command-line options)."""
         return replace(self, **{k: v for k, v in values.items() if v is not None})
 
 
-def locks_config(budget: int, rank: int, dense: bool, name_prefix: str = "") -> Any:
+def locks_config(budget: int, rank: int, dense: bool, name_prefix: str = "") -> LocksConfig:
     """The one place the app builds a ``LocksConfig`` from what the user gave (settings, options, ``/budget``);
     it is then passed down as it is, to the TUI's panels and to the engine.
 
@@ -118,8 +67,6 @@ def locks_config(budget: int, rank: int, dense: bool, name_prefix: str = "") -> 
     Raises:
         LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting).
     """
-    from locks_engine.config import LocksConfig
-
     try:
         return LocksConfig(budget=budget, rank=rank, dense=dense)
     except ValueError as err:
@@ -135,7 +82,7 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
         return Settings(), []
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         return Settings(), [f"{path}: unreadable ({err}); using the defaults"]
-    known = {f.name: f for f in fields(Settings)}
+    known = {f.name: f for f in fields(Settings) if f.init}
     values, warnings = {}, []
     for key, value in data.items():
         if key not in known:
@@ -150,21 +97,19 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
 def _valid_locks_values(path: Path, values: dict[str, Any], warnings: list[str]) -> Settings:
     """``Settings(**values)`` without the LOCKS values that ``LocksConfig`` refuses (rank past the page size, a
     budget under the always-read pages), each dropped with a warning naming the file; appends to ``warnings``."""
-    settings = Settings(**values)
     try:
-        settings.locks_config()
-        return settings
+        return Settings(**values)
     except LocksChatError as err:
         reason = err.message
     locks_keys = [k for k in ("budget", "rank", "dense") if k in values]
     for key in locks_keys:  # the one value whose default makes the rest valid
         rest = {k: v for k, v in values.items() if k != key}
         try:
-            Settings(**rest).locks_config()
+            settings = Settings(**rest)
         except LocksChatError:
             continue
         warnings.append(f"{path}: {key} = {values[key]!r} refused ({reason}); using the default")
-        return Settings(**rest)
+        return settings
     warnings.append(f"{path}: {', '.join(locks_keys)} refused ({reason}); using the defaults")
     return Settings(**{k: v for k, v in values.items() if k not in locks_keys})
 
@@ -190,7 +135,8 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
 
     path = path or settings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    values = {k: v for k, v in asdict(settings).items() if v is not None}
+    values = {f.name: getattr(settings, f.name) for f in fields(settings) if f.init}
+    values = {k: v for k, v in values.items() if v is not None}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(tomli_w.dumps(values), encoding="utf-8")
     os.replace(tmp, path)

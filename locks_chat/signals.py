@@ -9,21 +9,18 @@ for SIGTERM too, and the CLI ends with one line and exit code 143 (128 + SIGTERM
 process the signal ended). The chat app, whose main thread runs asyncio's loop, handles it on the loop instead
 (``LocksChatApp``) and quits as Ctrl+Q does.
 
-While the engine starts, both signals are held (:func:`interrupts_held`) and vLLM's child processes start with
-SIGINT ignored and their stderr in the engine log (:func:`children_start_quiet`): ``locks_chat.engine`` wraps the
-start in both.
+While the engine starts, both signals are held (:func:`interrupts_held`): ``locks_chat.engine_client`` wraps the
+start in it. vLLM's child processes, which the terminal's Ctrl+C reaches too, are the engine's to keep quiet
+(``locks_engine.processes``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing.process
-import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 #: Exit code after a SIGTERM (128 + signal number, as shells report it).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
@@ -153,49 +150,3 @@ def interrupts_held(notice: str | None = None) -> Iterator[HeldSignal]:
         for signum, handler in previous.items():
             if handler not in (signal.SIG_IGN, None):
                 signal.signal(signum, handler)
-
-
-@contextlib.contextmanager
-def children_start_quiet(stderr_path: str | Path | None = None) -> Iterator[None]:
-    """Processes started in this block (vLLM's engine core, which starts its worker) start with SIGINT ignored,
-    and, given ``stderr_path``, with their stderr (fd 2) appended to that file; the app's process keeps both.
-
-    The terminal's Ctrl+C reaches the whole foreground process group. ``locks_engine.vllm_backend.plugin`` makes
-    vLLM's children ignore it, but only once they have imported vLLM and loaded plugins (10-20 s into a start
-    on a small CPU); a Ctrl+C before that killed the engine core mid-import, with a traceback, and vLLM's client
-    then waited for its ready message without end. An ignored signal stays ignored across fork and exec (POSIX;
-    ``multiprocessing`` spawns with ``restore_signals=False``) and Python keeps it so at start-up, so SIGINT is
-    set to ignored around each ``Process.start`` called from the main thread, and restored right after.
-
-    A SIGTERM sent to the process group (``timeout``) cannot be left out the same way (vLLM's shutdown stops its
-    children with it): the worker dies, and the engine core prints the worker's death, a dump of its inputs and
-    tracebacks. Children whose fd 2 is a log file keep that, and every other engine log, off the user's
-    terminal; fd 2 is pointed at the file around each ``Process.start`` only (an exec'd child keeps the
-    descriptors it was started with), so the app's own messages stay on the terminal. Another thread's write to
-    stderr during those few milliseconds goes to the file too.
-    """
-    original = multiprocessing.process.BaseProcess.start
-
-    def start(process):
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        saved_fd = None
-        try:
-            if stderr_path is not None:
-                with open(stderr_path, "ab") as log:
-                    sys.stderr.flush()
-                    saved_fd = os.dup(2)
-                    os.dup2(log.fileno(), 2)
-            return original(process)
-        finally:
-            if saved_fd is not None:
-                os.dup2(saved_fd, 2)
-                os.close(saved_fd)
-            if main:
-                signal.signal(signal.SIGINT, previous)
-
-    multiprocessing.process.BaseProcess.start = start
-    try:
-        yield
-    finally:
-        multiprocessing.process.BaseProcess.start = original

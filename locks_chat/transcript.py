@@ -6,9 +6,10 @@ import re
 import time
 from pathlib import Path
 
+from locks_chat.attention import attention_text
 from locks_chat.errors import LocksChatError, escape_breaks
+from locks_chat.paths import data_dir
 from locks_chat.sessions import SessionInfo, Turn
-from locks_chat.settings import data_dir
 
 _STATUS_NOTE = {
     "cancelled": "*(cancelled: the answer stops here)*",
@@ -30,7 +31,7 @@ def turn_stats_text(stats: dict) -> str:
     """One line of a turn's statistics: tokens, TTFT, TPOT, share of KV pages read, settings."""
     if not stats:
         return ""
-    # a cancelled turn keeps only its mode: no count was made, so none is shown
+    # a cancelled turn keeps only its attention setting: no count was made, so none is shown
     parts = [f"{stats['generated_tokens']} tokens"] if "generated_tokens" in stats else []
     if stats.get("ttft_ms") is not None:
         parts.append(f"TTFT {stats['ttft_ms'] / 1000:.1f} s")
@@ -38,8 +39,8 @@ def turn_stats_text(stats: dict) -> str:
         parts.append(f"TPOT {stats['tpot_ms']:.0f} ms")
     if stats.get("decode_steps"):
         parts.append(f"read {stats['kv_pages_read_fraction']:.0%} of KV pages")
-    if stats.get("mode"):
-        parts.append(stats["mode"])
+    if attention := attention_text(stats):
+        parts.append(attention)
     return " · ".join(parts)
 
 

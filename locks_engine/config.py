@@ -44,7 +44,7 @@ class LocksConfig:
     selection: str = "flat"
     """``flat``: score every complete page's summary at every step. ``two-level``: score one fp16 centroid per
     superpage of 16 pages first, then the page summaries of the chosen superpages only (``ops/superpages.py``;
-    ``kernels/NOTES.md``, "Selection cost")."""
+    ``samples/studies/SELECTION_COST.md``)."""
     candidates: tuple[int, ...] = (8,)
     """``two-level`` only: ``c``, the page summaries scored per step as a multiple of the budget; each step scores
     the pages of ``ceil(c * K / 16)`` superpages (plus the forced ones). One value for every layer, or one per

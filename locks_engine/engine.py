@@ -5,13 +5,15 @@ One :class:`LocksEngine` owns one ``vllm.LLMEngine`` (V1) and drives it step by 
 is generated, a request can be aborted between steps (also during a chunked prefill), and every step's LOCKS
 statistics (``locks_engine.stats``) are read as they are written by the worker process.
 
-The engine leaves the process's signals and files to its caller: an app that owns Ctrl+C and SIGTERM during the
-start, or keeps vLLM's child processes off its terminal, wraps the construction (``locks_chat.engine``).
+How vLLM's processes treat the caller (their environment, SIGINT, stderr, parent watch and exit) is
+``EngineOptions.processes`` (``locks_engine.processes``); the caller's own signal handlers stay the caller's (an
+app that holds Ctrl+C and SIGTERM during the start wraps the construction: ``locks_chat.engine_client``).
 Importing this module imports no vLLM: constructing an engine does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import tempfile
@@ -23,34 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from locks_engine.config import LocksConfig
-from locks_engine.platform_args import cpu_threads_bind, on_cuda, platform_engine_args
 from locks_engine.models import resolve_model, stay_offline
+from locks_engine.platform_args import on_cuda, platform_engine_args
+from locks_engine.processes import ProcessPolicy, apply_policy, children_start_quiet, engine_environment
 from locks_engine.stats import dense_step_record, require_locks
-
-
-#: this process's folder for vLLM's ZMQ IPC sockets (:func:`private_rpc_dir`)
-_RPC_DIR: tempfile.TemporaryDirectory | None = None
-
-
-def private_rpc_dir() -> None:
-    """Point vLLM's ZMQ IPC sockets at a folder of this process, removed when it exits.
-
-    vLLM makes each engine's sockets in ``VLLM_RPC_BASE_PATH`` (default the temporary folder, ``vllm/envs.py``,
-    ``vllm/utils/network_utils.py: get_open_zmq_ipc_path``) and leaves their files behind: seven a start. One
-    folder a process, not an engine: vLLM caches its environment once an engine core has run in-process, so a
-    later engine of the same process uses the first one's folder. A ``VLLM_RPC_BASE_PATH`` of the environment
-    wins, and so does vLLM's default where the folder's socket paths would pass the 107 characters a Unix socket
-    path may have. A process killed with SIGKILL leaves its folder.
-    """
-    global _RPC_DIR
-    if "VLLM_RPC_BASE_PATH" in os.environ:
-        return
-    rpc_dir = tempfile.TemporaryDirectory(prefix="lk-")  # its finalizer removes it at exit
-    if len(rpc_dir.name) + 1 + 36 > 107:  # "<dir>/<uuid4>" (sizeof(sockaddr_un.sun_path) - 1)
-        rpc_dir.cleanup()
-        return
-    _RPC_DIR = rpc_dir
-    os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir.name
 
 
 class EngineStartError(RuntimeError):
@@ -73,7 +51,7 @@ class EngineOptions:
     """Context length in tokens (default: the model's)."""
     kv_cache_gib: float | None = None
     """KV cache size in GiB. ``None``: on CUDA vLLM's share of the GPU (``gpu_memory_utilization``, the page
-    summaries' bytes reserved); on the CPU ``VLLM_CPU_KVCACHE_SPACE``, else 1 GiB."""
+    summaries' bytes reserved); on the CPU the environment's (``processes.engine_environment``), else 1 GiB."""
     gpu_memory_utilization: float = 0.9
     """CUDA: the share of the GPU's memory vLLM may use (weights, activations, KV cache and summaries)."""
     max_num_seqs: int = 8
@@ -97,6 +75,9 @@ class EngineOptions:
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.EngineArgs`` fields, passed as they are (benchmarks: ``scheduler_cls``,
     ``disable_cascade_attn``); they override the platform's."""
+    processes: ProcessPolicy = field(default_factory=ProcessPolicy)
+    """How vLLM's processes treat the caller; the default keeps vLLM's behaviour, an interactive app passes
+    ``ProcessPolicy(app_children=True, children_log=...)``."""
 
 
 @dataclass
@@ -123,7 +104,8 @@ class LocksEngine:
     """vLLM ``LLMEngine`` with LOCKS on every attention layer.
 
     Args:
-        options (EngineOptions): model, LOCKS configuration (validated when it was built) and engine sizes.
+        options (EngineOptions): model, LOCKS configuration (validated when it was built), engine sizes and how
+            vLLM's processes treat the caller (``processes``, applied here before vLLM is imported).
         stats_dir (str | Path | None): directory for the LOCKS statistics file; ``None``: a temporary one.
     Raises:
         ModelError: ``options.model`` cannot be found or converted (``locks_engine.models``).
@@ -132,20 +114,22 @@ class LocksEngine:
     """
 
     def __init__(self, options: EngineOptions, stats_dir: str | Path | None = None) -> None:
+        policy = options.processes
+        # before vLLM is imported: vLLM 0.26 reads its logging settings then
+        apply_policy(policy)
+        with children_start_quiet(policy.children_log) if policy.app_children else contextlib.nullcontext():
+            self._start(options, stats_dir)
+
+    def _start(self, options: EngineOptions, stats_dir: str | Path | None) -> None:
+        """The start proper, inside what ``options.processes`` wraps it in (``__init__``'s arguments)."""
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.options = options
         self._tmp = tempfile.TemporaryDirectory(prefix="locks-stats-") if stats_dir is None else None
         self.stats_path = Path(stats_dir or self._tmp.name) / f"stats-{os.getpid()}.bin"
-        if options.kv_cache_gib is not None:  # vllm-cpu takes whole GiB
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(options.kv_cache_gib)))
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        private_rpc_dir()
+        engine_environment(options.kv_cache_gib)
         self.on_cuda = on_cuda()
-        bind = None if self.on_cuda else cpu_threads_bind(set(os.sched_getaffinity(0)))
-        if bind is not None:  # vLLM reads it when the worker starts; the environment's own setting wins
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
         self.dense_baseline = self.on_cuda and options.locks.dense
         """vLLM's own FLASH_ATTN runs (no LOCKS layer, no statistics)."""
         extra: dict[str, Any] = {"locks": options.locks.to_dict()}

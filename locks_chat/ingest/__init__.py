@@ -7,10 +7,10 @@ character offsets into the document's full text so token offsets map back to pag
 
 from locks_chat.ingest.document import DocPage, Document, PageKind
 from locks_chat.ingest.load import load_document, load_document_bytes
-from locks_chat.ingest.pagerange import select_pages
+from locks_chat.ingest.pagerange import parse_page_range
 from locks_chat.ingest.progress import ProgressCallback, rich_progress
 
 __all__ = [
     "DocPage", "Document", "PageKind", "ProgressCallback", "load_document", "load_document_bytes", "rich_progress",
-    "select_pages",
+    "parse_page_range",
 ]

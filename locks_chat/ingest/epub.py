@@ -5,7 +5,7 @@ has text, in reading order, labelled "1", "2", ... (:attr:`PageKind.CHAPTER`); s
 without text (a cover image, an empty title page) and the navigation document (the EPUB 3 table of
 contents, which some books put in the spine) are left out of the numbering. EPUBs
 whose content is encrypted (DRM) are refused; font obfuscation is not DRM and is accepted. An
-archive whose files add up to more than :data:`~locks_chat.ingest.load.MAX_DOCUMENT_BYTES` once
+archive whose files add up to more than :data:`~locks_chat.ingest.limits.MAX_DOCUMENT_BYTES` once
 unpacked, or with a file over :data:`RATIO_FLOOR_BYTES` that unpacks to more than :data:`MAX_RATIO`
 times its packed size (a zip bomb: a 40 KB file holding 8 MB of XHTML, whose text extraction takes
 12 MB of memory and half a second per MB), is refused before anything is decompressed. Each chapter's
@@ -23,10 +23,11 @@ from functools import partial
 from pathlib import Path
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason
+from locks_chat.ingest import limits
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.encoding import decode_text
 from locks_chat.ingest.normalize import normalize_text, one_line
-from locks_chat.ingest.pagerange import select_pages
+from locks_chat.ingest.pagerange import parse_page_range
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 
 _FONT_OBFUSCATION = ("http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC")
@@ -71,7 +72,7 @@ def read_epub(
     if not texts:
         raise NoTextError(f"{source}: the EPUB has no text in its chapters; pass another file")
     labels = [str(i + 1) for i in range(len(texts))]
-    raw = [RawPage(i + 1, labels[i], texts[i]) for i in select_pages(pages, labels)]
+    raw = [RawPage(i + 1, labels[i], texts[i]) for i in parse_page_range(pages, labels)]
     titles = book.get_metadata("DC", "title")
     title = (one_line(str(titles[0][0])) if titles else "") or one_line(Path(source).stem)
     return build_document(source, "epub", PageKind.CHAPTER, title, raw, len(texts), warnings)
@@ -110,13 +111,11 @@ def _html_text(html: str) -> str:
 
 
 def _refuse_drm(data: bytes, source: str) -> None:
-    from locks_chat.ingest import load
-
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             unpacked = sum(info.file_size for info in archive.infolist())
-            if unpacked > load.MAX_DOCUMENT_BYTES:
-                limit = load.format_bytes(load.MAX_DOCUMENT_BYTES)
+            if unpacked > limits.MAX_DOCUMENT_BYTES:
+                limit = limits.format_bytes(limits.MAX_DOCUMENT_BYTES)
                 raise DocumentError(
                     f"{source}: unpacks to more than {limit}: not an EPUB locks-chat reads (a zip bomb?); "
                     "pass another file"

@@ -5,8 +5,8 @@ entry), then by suffix (``.md``/``.markdown`` is Markdown); anything else that d
 text is plain text. Known binary formats (images, Office files, other archives) are
 refused with a one-line error.
 
-Reading is bounded: the file is read in chunks of :data:`READ_CHUNK_BYTES`, so a Ctrl+C or
-SIGTERM lands between two reads, and an input larger than :data:`MAX_DOCUMENT_BYTES`
+Reading is bounded (``locks_chat.ingest.limits``): the file is read in chunks of ``READ_CHUNK_BYTES``, so a
+Ctrl+C or SIGTERM lands between two reads, and an input larger than ``MAX_DOCUMENT_BYTES``
 (``/dev/zero``, ``/dev/urandom``, a disk image) is refused instead of filling memory. Pipes
 (``/dev/stdin``, a FIFO) are read like files.
 """
@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import BinaryIO, NoReturn
 
 from locks_chat.errors import DocumentError
+from locks_chat.ingest import limits
 from locks_chat.ingest.document import Document
+from locks_chat.ingest.limits import format_bytes
 from locks_chat.ingest.progress import ProgressCallback
 
 _SUPPORTED = "pass a PDF, EPUB, text or Markdown file"
-MAX_DOCUMENT_BYTES = 1 << 30
-"""largest document read, in bytes (1 GiB): the longest books and scanned PDFs are a few hundred MB at most"""
-READ_CHUNK_BYTES = 4 << 20
-"""bytes asked of the operating system per read (4 MiB); signals are handled between two reads"""
 MARKDOWN_SUFFIXES = {".md", ".markdown", ".mdown", ".mkd"}
 #: suffixes of plain text: a ``%PDF-`` inside such a file is quoted text unless the file starts with it
 TEXT_SUFFIXES = {".txt", ".text"}
@@ -66,7 +64,7 @@ def load_document(
             skipped with a warning; ``None`` for no limit.
 
     Raises:
-        DocumentError: missing, unreadable or unsupported file, or larger than :data:`MAX_DOCUMENT_BYTES`.
+        DocumentError: missing, unreadable or unsupported file, or larger than ``limits.MAX_DOCUMENT_BYTES``.
         EncryptedError: password needed or wrong, or DRM.
         NoTextError: nothing to read (scanned PDF, empty file or selection).
         PageRangeError: ``pages`` is malformed, empty or out of range.
@@ -87,7 +85,7 @@ def load_document_bytes(
     """:func:`load_document` for bytes already read (standard input): the format from the content, as for a file.
 
     Args:
-        data (bytes): the document's bytes (at most :data:`MAX_DOCUMENT_BYTES`: :func:`read_bounded`).
+        data (bytes): the document's bytes (at most ``limits.MAX_DOCUMENT_BYTES``: :func:`read_bounded`).
         source (str): what messages call the document, e.g. ``"<stdin>"``; its suffix counts as a file's does.
         markdown (bool): read text that is no PDF or EPUB as Markdown (its title from a ``# `` heading).
         password, pages, progress, page_time_limit: as :func:`load_document`.
@@ -120,7 +118,7 @@ def _load_bytes(
 
         document = read_text(data, source, markdown=kind == "markdown", pages=pages)
     if password is not None:
-        document = replace(document, warnings=(*document.warnings, unused_password_warning(source)))
+        document = replace(document, warnings=(*document.warnings, limits.unused_password_warning(source)))
     return document
 
 
@@ -142,11 +140,6 @@ def check_document(path: str | os.PathLike, password: str | None = None, pages: 
     from locks_chat.ingest.pdf import check_pdf
 
     check_pdf(data, source, password=password, pages=pages)
-
-
-def unused_password_warning(source: str) -> str:
-    """The warning for a ``--password`` given with a file that needs none."""
-    return f"--password given but {source} is not encrypted; ignored"
 
 
 def sniff_format(data: bytes, source: str) -> str:
@@ -179,7 +172,7 @@ def read_document_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of the file :func:`load_document` would read, with its errors (for a caller that also hashes them).
 
     Raises:
-        DocumentError: missing, a directory, not permitted, unreadable, or larger than :data:`MAX_DOCUMENT_BYTES`.
+        DocumentError: missing, a directory, not permitted, unreadable, or larger than ``limits.MAX_DOCUMENT_BYTES``.
     """
     return _read_bytes(Path(path), str(path))
 
@@ -199,19 +192,19 @@ def _read_bytes(path: Path, source: str) -> bytes:
 
 
 def read_bounded(file: BinaryIO, source: str, limit: int | None = None) -> bytes:
-    """All bytes of an open binary file, pipe or device, read in chunks of :data:`READ_CHUNK_BYTES`.
+    """All bytes of an open binary file, pipe or device, read in chunks of ``limits.READ_CHUNK_BYTES``.
 
     Args:
         file (BinaryIO): open for reading bytes, e.g. ``open(path, "rb", buffering=0)``; ``read(n)`` gives
             at most ``n`` bytes, ``b""`` at the end.
         source (str): the file name, for messages.
-        limit (int | None): the most bytes accepted (bytes); ``None`` for :data:`MAX_DOCUMENT_BYTES`.
+        limit (int | None): the most bytes accepted (bytes); ``None`` for ``limits.MAX_DOCUMENT_BYTES``.
 
     Raises:
         DocumentError: more than ``limit`` bytes (an endless device such as ``/dev/zero`` stops at ``limit + 1``).
         OSError: the read itself failed.
     """
-    limit = MAX_DOCUMENT_BYTES if limit is None else limit
+    limit = limits.MAX_DOCUMENT_BYTES if limit is None else limit
     try:
         info = os.fstat(file.fileno())
     except (AttributeError, OSError, ValueError):
@@ -220,7 +213,7 @@ def read_bounded(file: BinaryIO, source: str, limit: int | None = None) -> bytes
         _too_large(source, limit)
     chunks: list[bytes] = []
     total = 0
-    while chunk := file.read(min(READ_CHUNK_BYTES, limit + 1 - total)):
+    while chunk := file.read(min(limits.READ_CHUNK_BYTES, limit + 1 - total)):
         chunks.append(chunk)
         total += len(chunk)
         if total > limit:
@@ -230,11 +223,3 @@ def read_bounded(file: BinaryIO, source: str, limit: int | None = None) -> bytes
 
 def _too_large(source: str, limit: int) -> NoReturn:
     raise DocumentError(f"{source}: larger than {format_bytes(limit)}: not a document locks-chat reads; {_SUPPORTED}")
-
-
-def format_bytes(count: int) -> str:
-    """``"1 GiB"``, ``"64 KiB"``, ``"1000 bytes"``: a byte count (bytes) for messages, in the largest exact unit."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= size and count % size == 0:
-            return f"{count // size} {unit}"
-    return f"{count} bytes"

@@ -34,7 +34,7 @@ _ROMAN = re.compile(r"^(m{0,3})(cm|cd|d?c{0,3})(xc|xl|l?x{0,3})(ix|iv|v?i{0,3})$
 _ROMAN_VALUES = {"i": 1, "v": 5, "x": 10, "l": 50, "c": 100, "d": 500, "m": 1000}
 
 
-def select_pages(spec: str | None, labels: Sequence[str]) -> list[int]:
+def parse_page_range(spec: str | None, labels: Sequence[str]) -> list[int]:
     """Resolve a ``--pages`` selector to 0-based page indices, in document order.
 
     Args:

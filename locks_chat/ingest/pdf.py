@@ -25,9 +25,9 @@ from pathlib import Path
 from locks_chat.errors import (
     DocumentError, EncryptedError, NoTextError, exception_reason, is_text, shorten_reason)
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
-from locks_chat.ingest.load import unused_password_warning
+from locks_chat.ingest.limits import unused_password_warning
 from locks_chat.ingest.normalize import normalize_text, one_line
-from locks_chat.ingest.pagerange import describe_pages, select_pages
+from locks_chat.ingest.pagerange import describe_pages, parse_page_range
 from locks_chat.ingest.progress import ProgressCallback
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 
@@ -70,7 +70,7 @@ def read_pdf(
     with _pypdf_log(problems):
         reader, data, salvaged = _open_limited(data, source, password, open_time_limit)
         labels = _page_labels(reader, source)
-        selected = select_pages(pages, labels)
+        selected = parse_page_range(pages, labels)
         raw_pages, warnings = _extract(
             reader, lambda: _open(data, source, password), selected, labels, progress, page_time_limit
         )
@@ -100,7 +100,7 @@ def check_pdf(data: bytes, source: str, *, password: str | None = None, pages: s
     problems: list[str] = []
     with _pypdf_log(problems):
         reader, _, _ = _open_limited(data, source, password, OPEN_TIME_LIMIT_S)
-        select_pages(pages, _page_labels(reader, source))
+        parse_page_range(pages, _page_labels(reader, source))
 
 
 def _open_limited(data: bytes, source: str, password: str | None, seconds: float | None):

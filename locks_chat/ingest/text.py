@@ -20,7 +20,7 @@ from locks_chat.errors import NoTextError
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.encoding import decode_text
 from locks_chat.ingest.normalize import normalize_text, one_line
-from locks_chat.ingest.pagerange import select_pages
+from locks_chat.ingest.pagerange import parse_page_range
 
 TEXT_PAGE_CHARS = 3000
 """largest fixed-size text page, in characters; pages are at least half of it, but the last"""
@@ -52,7 +52,7 @@ def read_text(data: bytes, source: str, *, markdown: bool = False, pages: str | 
     if not any(texts):
         raise NoTextError(f"{source}: the file has no text; pass another file")
     labels = [str(i + 1) for i in range(len(texts))]
-    selected = select_pages(pages, labels)
+    selected = parse_page_range(pages, labels)
     raw = [RawPage(i + 1, labels[i], texts[i]) for i in selected]
     if not any(page.text for page in raw):
         raise NoTextError(f"pages {pages!r} of {source}: these pages are empty; choose other --pages")

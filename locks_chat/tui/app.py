@@ -77,11 +77,11 @@ def build_app(
         document_path (str | Path): the book (PDF, EPUB, Markdown or text); read in a worker once the app runs.
         options (ChatOptions | None): settings after command-line overrides, ``--pages``, ``--password``.
         engine_factory (EngineFactory | None): ``(model, locks_config, max_model_len) -> ChatEngine``; default
-            :func:`locks_chat.engine.open_engine` (vLLM with LOCKS). Tests pass a scripted engine.
+            :func:`locks_chat.engine_client.open_engine` (vLLM with LOCKS). Tests pass a scripted engine.
         store (SessionStore | None): the sessions database; default the one in the user data directory.
         warnings (tuple[str, ...]): shown as notifications when the app starts (e.g. settings file problems).
         tokenizer_factory (TokenizerFactory | None): ``(model, max_model_len) -> ModelTokenizer | None``, to tell
-            that a book does not fit before the engine is up; default :func:`locks_chat.engine.open_tokenizer`
+            that a book does not fit before the engine is up; default :func:`locks_chat.engine_client.open_tokenizer`
             with the default engine, none with a scripted one.
     """
     chat = BookChat(document_path, options or ChatOptions(), engine_factory, store, tokenizer_factory)

@@ -2,9 +2,9 @@
 
 Every method that blocks (loading, engine start, answering) is called from a worker thread; the screen hands
 in callbacks that post messages; an engine start the app walks away from (``locks_chat.tui.background``) closes
-its engine as soon as it is up, once :meth:`BookChat.close` was called. Answers go through
-:func:`locks_chat.ask.ask`; each turn is written to the session store when it starts, saved as it streams and
-finished when it ends (``locks_chat.sessions``).
+its engine as soon as it is up, once :meth:`BookChat.close` was called. Answers go through the book's
+:class:`~locks_chat.conversation.Conversation`; each turn is written to the session store when it starts, saved
+as it streams and finished when it ends (``locks_chat.sessions``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from locks_chat.errors import Cancelled, ContextError, EngineError
+from locks_chat.attention import Attention
+from locks_chat.conversation import Conversation, DocumentKey
+from locks_chat.errors import EngineError
 from locks_chat.ingest import Document, ProgressCallback, load_document
 from locks_chat.sessions import SessionInfo, SessionStore, SessionStoreError, Turn, file_hash
 from locks_chat.settings import Settings, load_settings, save_settings
@@ -30,15 +32,11 @@ EngineFactory = Callable[[str | None, Any, int | None], Any]
 TokenizerFactory = Callable[[str | None, int | None], Any]
 """``open_tokenizer(model, max_model_len) -> ModelTokenizer | None``"""
 
-HISTORY_TURNS = 4
-"""earlier answered turns put back in the prompt (fewer when they do not fit the context)"""
-SAVE_EVERY_S = 1.0
-"""how often a streaming answer is saved to the session store (seconds)"""
-
 
 @dataclass(frozen=True)
 class ChatOptions:
-    """What the command line gives the app: settings after overrides, and the document's options."""
+    """What the command line gives the app: settings after overrides (with their ``LocksConfig``), and the
+    document's options."""
 
     settings: Settings = field(default_factory=Settings)
     pages: str | None = None
@@ -46,30 +44,23 @@ class ChatOptions:
     password: str | None = None
     new_session: bool = False
     """start a new conversation instead of resuming the book's latest one"""
-    locks: LocksConfig | None = None
-    """the LOCKS configuration of ``settings``, built once where the settings were (``Settings.locks_config``);
-    ``None``: built from ``settings`` here"""
-
-    def __post_init__(self) -> None:
-        if self.locks is None:
-            object.__setattr__(self, "locks", self.settings.locks_config())
 
 
 def default_engine_factory(model: str | None, locks: Any, max_model_len: int | None,
                            kv_cache_gib: float | None = None) -> Any:
-    """:func:`locks_chat.engine.open_engine`, looked up when called (so tests can replace it)."""
-    from locks_chat import engine
+    """:func:`locks_chat.engine_client.open_engine`, looked up when called (so tests can replace it)."""
+    from locks_chat import engine_client
 
-    return engine.open_engine(model, locks, max_model_len, kv_cache_gib)
+    return engine_client.open_engine(model, locks, max_model_len, kv_cache_gib)
 
 
 def default_tokenizer_factory(model: str | None, max_model_len: int | None) -> Any:
-    """:func:`locks_chat.engine.open_tokenizer`, leaving a first conversion of the built-in model to the engine
+    """:func:`locks_chat.engine_client.open_tokenizer`, leaving a first conversion of the built-in model to the engine
     start that runs meanwhile; ``None`` also when the model cannot be found (the engine start says why)."""
-    from locks_chat import engine
+    from locks_chat import engine_client
 
     try:
-        return engine.open_tokenizer(model, max_model_len, convert=False)
+        return engine_client.open_tokenizer(model, max_model_len, convert=False)
     except EngineError:
         return None
 
@@ -84,17 +75,16 @@ class BookChat:
         self.path = Path(path)
         self.options = options
         self.settings = options.settings
-        self.locks: LocksConfig = options.locks
-        """the LOCKS configuration of ``settings``: the engine's, the panels'"""
-        self.pages = options.pages
+        """the settings the engine runs with, their ``locks`` the engine's and the panels'"""
         self.engine_factory = engine_factory or default_engine_factory
         # a scripted engine brings its own tokenizer: the real model's is only asked for with the real engine
         self.tokenizer_factory = tokenizer_factory or (default_tokenizer_factory if engine_factory is None else None)
         self.store = store or SessionStore()
         self.document: Document | None = None
         self.engine: Any = None
-        self.session: SessionInfo | None = None
-        self.turns: list[Turn] = []
+        self.conversation = Conversation(self.store, DocumentKey(str(self.path), "", self.path.stem), None,
+                                         options.pages)
+        """the book's session and its turns (a session of its own once :meth:`open_session` ran)"""
         self.timings = load_timings()
         """how long the engine start and the prefill took last time, for ETAs"""
         self._engine_lock = threading.Lock()
@@ -103,8 +93,34 @@ class BookChat:
         self._tokenizer_asked = False
         self._answering = threading.Lock()
         self._closed = False
-        self.notice: str | None = None
-        """what the screen should tell after an answer (a session deleted meanwhile), see :meth:`take_notice`"""
+
+    @property
+    def locks(self) -> LocksConfig:
+        """The LOCKS configuration of :attr:`settings`."""
+        return self.settings.locks
+
+    @property
+    def session(self) -> SessionInfo | None:
+        """The book's session (``None`` before :meth:`open_session`)."""
+        return self.conversation.session
+
+    @property
+    def turns(self) -> list[Turn]:
+        """The session's turns, oldest first."""
+        return self.conversation.turns
+
+    @turns.setter
+    def turns(self, turns: list[Turn]) -> None:
+        self.conversation.turns = turns
+
+    @property
+    def pages(self) -> str | None:
+        """The document's page range (``--pages``, ``/pages``); ``None``: every page."""
+        return self.conversation.pages
+
+    @pages.setter
+    def pages(self, pages: str | None) -> None:
+        self.conversation.pages = pages
 
     def open_session(self) -> list[Turn]:
         """Find (or start) the book's session and load its turns; the session's page range applies unless
@@ -119,11 +135,10 @@ class BookChat:
             digest = file_hash(self.path)
         except OSError as err:
             raise DocumentError(f"{self.path}: cannot read ({err.strerror}); check the path") from None
-        title = self.path.stem
-        self.session = self.store.open_session(str(self.path), digest, title, self.pages, self.options.new_session)
-        if self.pages is None:
-            self.pages = self.session.pages
-        self.turns = self.store.turns(self.session.id)
+        key = DocumentKey(str(self.path), digest, self.path.stem)
+        session = self.store.open_session(key.doc_path, key.doc_hash, key.title, self.pages, self.options.new_session)
+        pages = session.pages if self.pages is None else self.pages
+        self.conversation = Conversation(self.store, key, session, pages, self.store.turns(session.id))
         return self.turns
 
     def load(self, pages: str | None, progress: ProgressCallback | None = None) -> Document:
@@ -138,27 +153,25 @@ class BookChat:
             self.store.set_pages(self.session.id, pages)
         return document
 
-    def start_engine(self, settings: Settings | None = None, locks: LocksConfig | None = None) -> float:
-        """(Re)start the engine with ``settings`` and their ``locks`` (default: the current ones, else both
-        given, ``locks`` built once by the caller); returns the seconds it took.
+    def start_engine(self, settings: Settings | None = None) -> float:
+        """(Re)start the engine with ``settings`` (default: the current ones) and their ``LocksConfig``; returns
+        the seconds it took.
 
         Raises:
             EngineError: the engine did not start.
         """
-        if settings is None:
-            settings, locks = self.settings, self.locks
-        assert locks is not None, "new settings come with their LocksConfig"
+        settings = settings or self.settings
         with self._engine_lock:
             old, self.engine = self.engine, None
             if old is not None:
                 old.close()
             start = time.monotonic()
             sized = {"kv_cache_gib": settings.kv_cache_gib} if settings.kv_cache_gib else {}
-            engine = self.engine_factory(settings.model, locks, settings.context, **sized)
+            engine = self.engine_factory(settings.model, settings.locks, settings.context, **sized)
             if self._closed:
                 engine.close()
                 raise EngineError("the app closed while the engine was starting")
-            self.engine, self.settings, self.locks = engine, settings, locks
+            self.engine, self.settings = engine, settings
             self.timings.engine_start_s = time.monotonic() - start
             save_timings(self.timings)
             return self.timings.engine_start_s
@@ -166,7 +179,7 @@ class BookChat:
     def check_fits(self, question: str = "") -> None:
         """Refuse ``question`` about the loaded document without the engine when, even with no earlier turns,
         it cannot fit the context (an empty question: the document alone). Counted with the model's tokenizer
-        (:func:`locks_chat.engine.open_tokenizer`, loaded once); no check without it: the engine checks too.
+        (:func:`locks_chat.engine_client.open_tokenizer`, loaded once); no check without it: the engine checks too.
 
         Raises:
             ContextError: with the numbers and a ``--pages`` range that fits.
@@ -199,8 +212,8 @@ class BookChat:
         return f"{name}, {dtype}" if isinstance(dtype, str) else name
 
     def mode(self) -> str:
-        """The attention setting answers are made with: ``LOCKS budget 2048, rank 8`` or ``dense``."""
-        return "dense" if self.locks.dense else f"LOCKS budget {self.locks.budget}, rank {self.locks.rank}"
+        """The attention setting answers are made with: ``LOCKS budget 512, rank 8`` or ``dense``."""
+        return Attention.of(self.locks).text()
 
     def answer(
         self, question: str, cancel: threading.Event, on_text: Callable[[str], None],
@@ -215,77 +228,22 @@ class BookChat:
         assert self.session is not None and self.document is not None, "open_session and load first"
         if self.engine is None:
             raise EngineError("the engine is not running: change a setting (e.g. /budget) to start it again")
-        turn_id = self.store.begin_turn(self._live_session().id, question)
-        parts: list[str] = []
-        saved = [time.monotonic()]
-
-        def text(delta: str) -> None:
-            parts.append(delta)
-            on_text(delta)
-            if time.monotonic() - saved[0] > SAVE_EVERY_S:
-                self.store.save_turn(turn_id, "".join(parts))
-                saved[0] = time.monotonic()
-
         self._answering.acquire()
         try:
-            result = self._ask(MeteredEngine(self.engine, on_tick), question, text, on_step, cancel)
-        except Cancelled:
-            self._finish(turn_id, question, "".join(parts), "cancelled")
-            raise
-        except BaseException:
-            self._finish(turn_id, question, "".join(parts), "failed")
-            raise
+            result = self.conversation.answer(
+                MeteredEngine(self.engine, on_tick), self.document, question, self.settings.max_tokens,
+                Attention.of(self.locks), on_text, on_step, cancel, live=True,
+            )
         finally:
             self._answering.release()
-        stats = {**result.to_json(self.document)["stats"], "mode": self.mode(), "citation_check": result.check.text}
         if result.ttft_ms and result.reading.prefill_tokens:
             self.timings.prefill_tokens_per_s = result.reading.prefill_tokens / (result.ttft_ms / 1000)
             save_timings(self.timings)
-        self._finish(turn_id, question, result.answer, "done", result.citations, stats)
         return result
 
-    def _ask(self, engine: MeteredEngine, question: str, on_text, on_step, cancel: threading.Event) -> Any:
-        """:func:`locks_chat.ask.ask` with the latest answered turns as history, dropping the oldest ones
-        while the prompt does not fit the context."""
-        from locks_chat.ask import ask
-
-        history = [t for t in self.turns if t.status == "done"][-HISTORY_TURNS:]
-        while True:
-            questions = [t.question for t in history] + [question]
-            try:
-                return ask(engine, self.document, questions, [t.answer for t in history],
-                           self.settings.max_tokens, on_text, on_step, cancel)
-            except ContextError:
-                if not history:
-                    raise
-                history = history[1:]
-
-    def _finish(self, turn_id: int, question: str, answer: str, status: str,
-                citations: list | None = None, stats: dict | None = None) -> None:
-        if citations is None:
-            from locks_chat.citations import find_citations
-
-            citations = find_citations(answer, self.document)
-        self.store.save_turn(turn_id, answer, status, citations, stats)
-        self.turns.append(Turn(turn_id, question, answer, status, citations, stats or {}))
-
-    def _live_session(self) -> SessionInfo:
-        """The session, as stored; when it was deleted meanwhile (``locks-chat sessions delete`` in another
-        terminal), a new one for the same book, said in :attr:`notice` (the turns on screen stay in the prompt)."""
-        assert self.session is not None
-        current = self.store.current(self.session)
-        if current is None:
-            gone = self.session
-            current = self.store.open_session(gone.doc_path, gone.doc_hash, gone.title, self.pages, new=True)
-            self.notice = (f"Session {gone.id} was deleted by another locks-chat; this conversation is saved as "
-                           f"session {current.id} from now on")
-        self.session = current
-        return current
-
     def take_notice(self) -> str | None:
-        """The notice the last answer left for the screen (once), else None."""
-        notice, self.notice = self.notice, None
-        return notice
+        """The notice the last answer left for the screen (a session deleted meanwhile), once; else None."""
+        return self.conversation.take_notice()
 
     def export(self) -> Path:
         """Write the conversation as Markdown into the user data directory; returns the file. A session deleted

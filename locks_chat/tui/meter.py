@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from locks_chat.engine import ChatEngine
+from locks_chat.engine_client import ChatEngine
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def summary_bytes_resident(record: dict[str, Any]) -> int | None:
     """Bytes of page summaries resident for the decode rows of one step record.
 
     A decode step reads ``summaries_read`` summaries and ``pages_read`` K+V pages for ``bytes_read`` bytes
-    (``locks_engine.vllm_backend.step_stats``); a dense step would read ``pages_total`` pages for
+    (the statistics ring, ``locks_engine.stats``); a dense step would read ``pages_total`` pages for
     ``bytes_dense``. That gives bytes per summary, times the pages of the sequence.
     """
     pages_total, summaries = int(record.get("pages_total", 0)), int(record.get("summaries_read", 0))

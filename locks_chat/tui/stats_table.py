@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
+from locks_chat.attention import attention_text
 from locks_chat.sessions import Turn
 from locks_chat.tui.widgets.memory_panel import human_bytes
-
-
-def short_mode(mode: str) -> str:
-    """``LOCKS 2048/r8`` for ``LOCKS budget 2048, rank 8`` (table cells are narrow)."""
-    return mode.replace("LOCKS budget ", "LOCKS ").replace(", rank ", "/r")
 
 
 def _row(number: int, turn: Turn) -> str:
@@ -18,7 +14,7 @@ def _row(number: int, turn: Turn) -> str:
     read = f"{s.get('kv_pages_read_fraction', 0):.0%}" if s.get("decode_steps") else "-"
     most = sorted(s.get("document_pages_read", []), key=lambda p: -p["steps"])[:4]
     pages = ", ".join(p["page"] for p in most) or "-"
-    mode = short_mode(s.get("mode", "-"))
+    mode = attention_text(s, "-", short=True)
     return f"| {number} | {mode} | {s.get('generated_tokens', 0)} | {ttft} | {tpot} | {read} | {pages} |"
 
 
@@ -36,7 +32,7 @@ def stats_markdown(turns: list[Turn]) -> str:
     lines += [_row(n, t) for n, t in answered]
     by_mode: dict[str, list[dict]] = {}
     for _, turn in answered:
-        by_mode.setdefault(turn.stats.get("mode", "-"), []).append(turn.stats)
+        by_mode.setdefault(attention_text(turn.stats, "-"), []).append(turn.stats)
     lines.append("")
     for mode, stats in by_mode.items():
         tpots = [s["tpot_ms"] for s in stats if s.get("tpot_ms") is not None]

@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from locks_chat.settings import data_dir
+from locks_chat.paths import data_dir
 
 
 @dataclass

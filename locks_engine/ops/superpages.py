@@ -1,5 +1,5 @@
 """The ``two-level`` selection: superpage centroids first, page summaries only inside the chosen superpages
-(issue 27's design; ``kernels/NOTES.md``, "Selection cost: what a step should scan").
+(issue 27's design; ``samples/studies/SELECTION_COST.md``).
 
 A *superpage* is :data:`SUPERPAGE_PAGES` consecutive logical pages of a sequence (superpage ``u`` holds pages
 ``[16 u, 16 u + 16)``). Its coarse summary is the fp16 mean of its keys, the mean of its pages' centroids, stored

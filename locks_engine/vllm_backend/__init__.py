@@ -3,20 +3,23 @@
 Split as vLLM's own backends are, and by device:
 
 - ``backend.py``: static declarations (what vLLM asks before it builds anything).
-- ``metadata.py``: the per-step metadata and its builder (decode rows first, the pages a step completes, CUDA-graph
-  support, the startup checks).
+- ``metadata.py``: the per-step metadata (``LocksMetadata``) every layer's ``forward`` receives.
+- ``builder.py``: its builder (decode rows first, the pages a step completes, CUDA-graph support, the startup
+  checks).
 - ``impl.py``: a thin ``forward`` that dispatches K/V writes, summaries, prefill and decode to a device path,
   picked once from the cache's device, and runs the decode hooks between selection and attention.
 - ``cpu.py``: the CPU path, the plain-torch ops of ``locks_engine.ops`` over vLLM's CPU cache layouts
   (``amx`` included).
 - ``cuda.py``: the CUDA path, vLLM's cache writer and the Triton kernels of ``locks_kernels`` (``colwise8``
-  summaries only); no host syncs in decode, so it runs in full CUDA graphs.
+  summaries only): decode is ``locks_kernels``' step (``select_step``, the hooks, ``sparse_paged_attention``);
+  no host syncs, so it runs in full CUDA graphs.
 - ``prefill.py``: dense prefill rows (vLLM's CPU kernel, FlashAttention on CUDA).
 - ``compat.py``: the 0.26 / 0.32 differences and the KV cache layouts.
 - ``hooks.py``: decode hooks configured per engine (``additional_config["locks_hooks"]``), e.g. a
   NaN-poisoning check for tests, kept out of the attention path.
 - ``step_stats.py``: the per-step statistics written to the app's ring file.
-- ``settings.py``: LOCKS' keys of ``additional_config``, checked before vLLM builds its configuration.
+- ``config_keys.py``: LOCKS' keys of ``additional_config``, read by ``locks_config`` and checked before vLLM
+  builds its configuration.
 - ``plugin.py``: the ``vllm.general_plugins`` entry point.
 
 Whether a decode step reads every page, unscored, is decided in one place for both devices:

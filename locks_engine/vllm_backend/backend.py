@@ -34,7 +34,7 @@ class LocksAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_builder_cls():
-        from locks_engine.vllm_backend.metadata import LocksMetadataBuilder
+        from locks_engine.vllm_backend.builder import LocksMetadataBuilder
 
         return LocksMetadataBuilder
 

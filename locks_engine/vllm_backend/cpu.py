@@ -8,8 +8,6 @@ the longest row reaches (``used_blocks``), and reads every page unscored when th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
@@ -28,11 +26,9 @@ from locks_engine.ops.select import every_page, reads_every_page, summary_fracti
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction, scanned_summaries, select_two_level
 from locks_engine.vllm_backend import compat
-from locks_engine.vllm_backend.selection import Selection
+from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
-
-if TYPE_CHECKING:
-    from locks_engine.vllm_backend.metadata import LocksMetadata
+from locks_engine.vllm_backend.selection import Selection
 
 
 def cache_isa(kv_cache: Tensor, head_size: int, allow_amx: bool) -> str:

@@ -10,21 +10,17 @@ page is read is decided from ``Pmax``, the pages that buffer spans (static from 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from locks_engine.config import LocksConfig
-from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
+from locks_engine.ops.select import reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction
 from locks_engine.vllm_backend import compat
+from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
 from locks_engine.vllm_backend.selection import Selection
-
-if TYPE_CHECKING:
-    from locks_engine.vllm_backend.metadata import LocksMetadata
 
 #: The summary formats the CUDA kernels implement (``LocksConfig.summary_format``).
 CUDA_SUMMARY_FORMATS = ("colwise8",)
@@ -92,9 +88,9 @@ class CudaPath:
 
     def select(self, q: Tensor, kv_cache: Tensor, selection: Selection, meta: LocksMetadata
                ) -> tuple[Tensor, Tensor, bool, Tensor | None]:
-        """Summarize the page (and superpage) each decode token completed, score every page or, two-level, the
-        chosen superpages' pages, select (paper Sections 3.1-3.3; ``locks_kernels.superpages``); every page
-        unscored where ``reads_every_page`` says so for ``Pmax`` pages.
+        """The first half of ``locks_kernels``' decode step (``select_step``): summarize the page (and superpage)
+        each decode token completed, score every page or, two-level, the chosen superpages' pages, select (paper
+        Sections 3.1-3.3); every page unscored where ``reads_every_page`` says so for ``Pmax`` pages.
 
         Args:
             q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
@@ -105,38 +101,25 @@ class CudaPath:
             ``(superpages chosen, coarse_fraction)`` (what the statistics count it by, ``DeviceStepStats.count``),
             else None.
         """
-        import locks_kernels as lk
+        from locks_kernels import select_step
 
         cfg, rows = meta.cfg, q.shape[0]
-        block_size = kv_cache.shape[2]
         seq_lens, block_table = meta.seq_lens[:rows], meta.block_table[:rows]
-        k_cache = self.views(kv_cache)[0]
-        pmax = block_table.shape[1] * (block_size // cfg.page_size)
-        summaries = None if selection.store is None else selection.store.colwise8()
-        if summaries is not None:
-            lk.build_completed_page_summaries(k_cache, block_table, seq_lens, summaries, cfg.page_size)
-            if selection.superpages is not None:
-                lk.build_completed_superpages(summaries[0], selection.superpages, block_table, seq_lens,
-                                              cfg.page_size, block_size)
+        pmax = block_table.shape[1] * (kv_cache.shape[2] // cfg.page_size)
         every = reads_every_page(cfg, pmax, summary_fraction(cfg, self.head_size, kv_cache.dtype))
-        if every:
-            return every_page(seq_lens, self.num_kv_heads, pmax, cfg.page_size), block_table, True, None
-        if selection.two_level:
-            selected, chosen = lk.select_two_level(
-                q, summaries, selection.superpages, block_table, seq_lens, cfg.page_size, block_size,
-                cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, selection.candidates, self.scale,
-            )
-            return selected, block_table, False, (chosen.shape[-1], coarse_fraction(cfg, self.head_size))
-        scores = lk.score_pages(q, summaries, block_table, seq_lens, cfg.page_size, block_size, self.scale)
-        selected = lk.select_pages(
-            scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages, cfg.recent_pages
+        selected, chosen = select_step(
+            q, self.views(kv_cache)[0], block_table, seq_lens,
+            None if selection.store is None else selection.store.colwise8(),
+            cfg.page_size, cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, self.scale,
+            superpages=selection.superpages, candidates=selection.candidates, every=every,
         )
-        return selected, block_table, False, None
+        scanned = None if chosen is None else (chosen.shape[-1], coarse_fraction(cfg, self.head_size))
+        return selected, block_table, every, scanned
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> None:
-        """Exact softmax attention over the selected pages only (paper Section 3.4), written into ``out``
-        `[S, HQ, D]`."""
+        """The second half of ``locks_kernels``' decode step (``decode_step`` after ``select_step``): exact
+        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`."""
         from locks_kernels import sparse_paged_attention
 
         k_cache, v_cache = self.views(kv_cache)

@@ -16,7 +16,7 @@ from typing import ClassVar, Protocol
 
 from torch import Tensor
 
-from locks_engine.vllm_backend.settings import HOOKS_KEY
+from locks_engine.vllm_backend.config_keys import HOOKS_KEY
 
 
 class DecodeHook(Protocol):

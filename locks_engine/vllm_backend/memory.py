@@ -27,16 +27,14 @@ def locks_summary_fraction(vllm_config) -> float:
     Raises:
         ValueError: ``additional_config["locks"]`` is not a valid ``LocksConfig``.
     """
-    from locks_engine.config import LocksConfig
     from locks_engine.ops.select import summary_fraction
     from locks_engine.ops.superpages import superpage_fraction
-    from locks_engine.vllm_backend.settings import CONFIG_KEY
+    from locks_engine.vllm_backend.config_keys import locks_config
 
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     if getattr(backend, "name", None) != "CUSTOM":
         return 0.0
-    extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
-    cfg = LocksConfig.from_dict(extra.get(CONFIG_KEY) or {})
+    cfg = locks_config(vllm_config.additional_config)
     if cfg.dense:
         return 0.0
     model = vllm_config.model_config

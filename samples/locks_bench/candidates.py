@@ -7,9 +7,10 @@ from __future__ import annotations
 #: ``samples/results/2026-12-04_cpu_dbb84a2/selection_cost.json``; ``LocksConfig.candidates`` for that model
 STUDY_CANDIDATES = (8, 4, 4, 32, 4, 4, 4, 32, 4, 32, 32, 0, 4, 32, 4, 32, 0, 4, 4, 4, 16, 32, 16, 16)
 
-#: c per layer for the evaluation model that keeps the needle (``samples/needle_layers.py`` on 8K needle trials,
-#: :func:`keep_needle_table` with tolerance 0.05 over :data:`STUDY_CANDIDATES`; ``kernels/NOTES.md``, two-level
-#: selection): the table of issue 27's CPU fidelity gate and of RULER at 16K/32K (``2026-12-05_*_46d6d71``)
+#: c per layer for the evaluation model that keeps the needle (``samples/studies/needle_layers.py`` on 8K needle
+#: trials, :func:`keep_needle_table` with tolerance 0.05 over :data:`STUDY_CANDIDATES`;
+#: ``samples/studies/SELECTION_COST.md``): the table of issue 27's CPU fidelity gate and of RULER at 16K/32K
+#: (``2026-12-05_*_46d6d71``)
 KEEP_NEEDLE_CANDIDATES = (8, 4, 16, 32, 16, 32, 0, 32, 16, 32, 32, 0, 32, 32, 16, 32, 0, 32, 32, 16, 16, 32, 16, 32)
 
 #: named tables that ``--candidates`` takes
@@ -67,8 +68,8 @@ def table_mean(row: dict, table: list[int]) -> dict:
 
 def keep_needle_table(flat: list[float], uniform: dict[int, list[float]], floor: tuple[int, ...] | None,
                       tolerance: float) -> list[int]:
-    """A two-level table that keeps the needle (``samples/needle_layers.py``): per layer, the cheapest ``c`` of
-    ``uniform`` whose carrier retention is at least the flat scan's less ``tolerance`` (0 = flat where none is),
+    """A two-level table that keeps the needle (``samples/studies/needle_layers.py``): per layer, the cheapest ``c``
+    of ``uniform`` whose carrier retention is at least the flat scan's less ``tolerance`` (0 = flat where none is),
     raised to ``floor``'s ``c`` where that is larger (0 in ``floor`` stays flat).
 
     Args:

@@ -2,7 +2,7 @@
 
 One forward pass with transformers (CPU, float32, ``attn_implementation="sdpa"``: causal attention without an
 ``N x N`` matrix) over the first ``tokens`` tokens of a plain-text book. RoPE outputs are recorded by wrapping the
-model module's ``apply_rotary_pos_emb`` (as ``make_real_qk_fixture.py`` does; the calls arrive in layer order),
+model module's ``apply_rotary_pos_emb`` (as ``tools/make_real_qk_fixture.py`` does; the calls arrive in layer order),
 values by a hook on ``v_proj``. Keys and values of every position are kept (float16, ``[L, H, N, D]``); queries
 only at the requested positions (float32, ``[L, HQ, T, D]``), so memory stays small at 32K tokens.
 

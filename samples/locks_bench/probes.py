@@ -20,7 +20,7 @@ def install_probes(model) -> int:
     classes = []
     try:
         from locks_engine.vllm_backend.impl import LocksAttentionImpl
-        from locks_engine.vllm_backend.metadata import LocksMetadataBuilder
+        from locks_engine.vllm_backend.builder import LocksMetadataBuilder
 
         classes.append((LocksAttentionImpl, LocksMetadataBuilder, lambda m: m.num_decodes > 0 and m.prefill is None))
     except ImportError:

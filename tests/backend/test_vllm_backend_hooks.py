@@ -15,7 +15,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
 from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.vllm_backend import compat, hooks  # noqa: E402
-from locks_engine.vllm_backend.metadata import LocksMetadataBuilder  # noqa: E402
+from locks_engine.vllm_backend.builder import LocksMetadataBuilder  # noqa: E402
 from tests.support.poison_hook import PoisonUnselected  # noqa: E402
 from tests.backend.test_vllm_backend_scenarios import BLOCK_SIZE, D, H, SCENARIOS, Run, make_builder  # noqa: E402
 

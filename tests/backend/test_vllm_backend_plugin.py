@@ -1,4 +1,5 @@
-"""The ``vllm.general_plugins`` entry point: idempotent, and the CPU override can be switched off."""
+"""The ``vllm.general_plugins`` entry point: idempotent, the CPU override can be switched off, and it applies the
+engine children's policy (``locks_engine.processes``, tested in ``tests/engine/test_processes.py``)."""
 
 from __future__ import annotations
 
@@ -93,109 +94,9 @@ def test_a_small_cpu_engine_computes_on_every_cpu(cpus, bind):
     assert cpu_threads_bind(cpus) == bind
 
 
-def _sigint_after_leave(app_env: str | None) -> bool:
-    """In a child process: whether SIGINT is ignored after ``leave_sigint_to_the_app``."""
-    import os
-    import signal
-
-    if app_env is None:
-        os.environ.pop(plugin.APP_SIGINT_ENV, None)
-    else:
-        os.environ[plugin.APP_SIGINT_ENV] = app_env
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    plugin.leave_sigint_to_the_app()
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-
-
-@pytest.mark.parametrize("app_env,ignored", [("1", True), (None, False), ("0", False)], ids=["app", "unset", "off"])
-def test_engine_children_of_the_app_leave_sigint_to_it(app_env, ignored, monkeypatch):
-    import multiprocessing
-    import signal
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        assert pool.apply(_sigint_after_leave, (app_env,)) is ignored
-    # never in the app's own process
-    monkeypatch.setenv(plugin.APP_SIGINT_ENV, "1")
-    before = signal.getsignal(signal.SIGINT)
-    plugin.leave_sigint_to_the_app()
-    assert signal.getsignal(signal.SIGINT) is before
-
-
-def _gc_after_exit_hooks(app_env: str | None, report: str) -> None:
-    """In a child process: at its exit, after the plugin's exit hook (atexit runs hooks last in, first out),
-    write whether the garbage collector is on and objects are frozen to ``report``."""
-    import atexit
-    import gc
-    import os
-    from pathlib import Path
-
-    if app_env is None:
-        os.environ.pop(plugin.APP_SIGINT_ENV, None)
-    else:
-        os.environ[plugin.APP_SIGINT_ENV] = app_env
-    atexit.register(lambda: Path(report).write_text(f"{gc.isenabled()} {gc.get_freeze_count() > 0}"))
-    plugin.leave_sigint_to_the_app()
-
-
-@pytest.mark.parametrize("app_env,skipped", [("1", True), (None, False)], ids=["app", "unset"])
-def test_engine_children_of_the_app_skip_the_garbage_collection_at_exit(app_env, skipped, tmp_path):
-    import multiprocessing
-
-    report = tmp_path / "gc.txt"
-    child = multiprocessing.get_context("spawn").Process(target=_gc_after_exit_hooks, args=(app_env, str(report)))
-    child.start()
-    child.join(60)
-    assert child.exitcode == 0 and report.read_text() == f"{not skipped} {skipped}"
-
-
-ORPHAN_SCRIPT = """
-import multiprocessing, os, signal, sys, time
-from locks_engine.vllm_backend import plugin
-
-def engine_child():
-    # let go of the pipes the test reads, so that it sees the parent's end alone
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    os.environ[plugin.APP_SIGINT_ENV] = sys.argv[1]
-    plugin.leave_sigint_to_the_app()
-    time.sleep(120)
-
-child = multiprocessing.get_context("fork").Process(target=engine_child)
-child.start()
-print(child.pid, flush=True)
-time.sleep(1)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, ended but not reaped by its new parent, is not)."""
-    from pathlib import Path
-
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-@pytest.mark.parametrize("app_env,ends", [("1", True), ("0", False)], ids=["app", "off"])
-def test_engine_children_of_the_app_end_when_the_app_is_killed(app_env, ends):
-    import os
-    import signal
-    import subprocess
-    import time
-
-    done = subprocess.run([sys.executable, "-c", ORPHAN_SCRIPT, app_env], capture_output=True, text=True, timeout=60)
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    pid = int(done.stdout.split()[0])
-    try:
-        deadline = time.monotonic() + 20
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _running(pid) is not ends
-    finally:
-        if _running(pid):
-            os.kill(pid, signal.SIGKILL)
+def test_register_applies_the_engine_children_policy(monkeypatch):
+    """Every vLLM process runs ``register``: an app's engine children follow ``locks_engine.processes`` from it."""
+    calls = []
+    monkeypatch.setattr(plugin, "leave_sigint_to_the_app", lambda: calls.append(True))
+    plugin.register()
+    assert calls == [True]

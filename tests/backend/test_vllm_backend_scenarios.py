@@ -27,7 +27,7 @@ from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.stats import StatsReader, StatsRing  # noqa: E402
 from locks_engine.vllm_backend import compat, device_stats  # noqa: E402
 from locks_engine.vllm_backend.impl import LocksAttentionImpl  # noqa: E402
-from locks_engine.vllm_backend.metadata import LocksMetadataBuilder  # noqa: E402
+from locks_engine.vllm_backend.builder import LocksMetadataBuilder  # noqa: E402
 
 NUM_BLOCKS, BLOCK_SIZE, HQ, H, D = 48, 32, 6, 2, 64
 

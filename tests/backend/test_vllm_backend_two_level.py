@@ -82,7 +82,7 @@ def test_a_per_layer_table_needs_an_entry_for_the_layer(tmp_path) -> None:
 
 
 def test_a_per_layer_table_must_fit_the_model() -> None:
-    from locks_engine.vllm_backend.metadata import check_candidates
+    from locks_engine.vllm_backend.builder import check_candidates
 
     table = LocksConfig(selection="two-level", candidates=(4, 0, 8))
     check_candidates(table, 3)

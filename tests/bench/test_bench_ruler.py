@@ -19,7 +19,7 @@ import pytest
 
 from locks_bench import ruler, ruler_results
 from locks_bench.ruler import RulerError, Setting, parse_setting
-from locks_engine.vllm_backend.settings import check_settings
+from locks_engine.vllm_backend.config_keys import check_settings
 from tests.support.paths import REPO as ROOT
 
 

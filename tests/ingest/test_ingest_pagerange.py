@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from locks_chat.errors import PageRangeError
-from locks_chat.ingest.pagerange import describe_pages, select_pages
+from locks_chat.ingest.pagerange import describe_pages, parse_page_range
 
 PLAIN = [str(n) for n in range(1, 11)]
 MANUAL = ["T-1", "T-2", "i", "ii", "iii", "iv"] + [str(n) for n in range(1, 8)]
@@ -13,7 +13,7 @@ TWO_PARTS = ["1", "2", "3", "1", "2", "3"]
 
 
 def labels_of(spec, labels):
-    return [labels[i] for i in select_pages(spec, labels)]
+    return [labels[i] for i in parse_page_range(spec, labels)]
 
 
 @pytest.mark.parametrize(
@@ -54,9 +54,9 @@ def test_printed_labels_come_first(spec, expected):
 
 
 def test_repeated_labels_use_first_occurrence_and_end_after_start():
-    assert select_pages("2-3", TWO_PARTS) == [1, 2]
-    assert select_pages("3-1", TWO_PARTS) == [2, 3]
-    assert select_pages("#4-6", TWO_PARTS) == [3, 4, 5]
+    assert parse_page_range("2-3", TWO_PARTS) == [1, 2]
+    assert parse_page_range("3-1", TWO_PARTS) == [2, 3]
+    assert parse_page_range("#4-6", TWO_PARTS) == [3, 4, 5]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_repeated_labels_use_first_occurrence_and_end_after_start():
 )
 def test_errors_give_the_valid_range(spec, labels, reason):
     with pytest.raises(PageRangeError) as info:
-        select_pages(spec, labels)
+        parse_page_range(spec, labels)
     message = str(info.value)
     assert reason in message
     assert message.endswith(describe_pages(labels))
@@ -103,29 +103,29 @@ def test_describe_pages():
 def test_number_that_is_no_printed_label_is_not_read_as_a_physical_page(spec, reason):
     # MANUAL has 13 physical pages but none printed "8": "8" must not silently mean the 8th page (printed "ii")
     with pytest.raises(PageRangeError) as info:
-        select_pages(spec, MANUAL)
+        parse_page_range(spec, MANUAL)
     assert reason in str(info.value)
     assert str(info.value).endswith(describe_pages(MANUAL)) and "\n" not in str(info.value)
     physical = spec.split(",")[-1]
     if "#" in reason:
-        assert select_pages("#" + physical, MANUAL) == select_pages(physical, [str(n) for n in range(1, 14)])
+        assert parse_page_range("#" + physical, MANUAL) == parse_page_range(physical, [str(n) for n in range(1, 14)])
 
 
 def test_plain_numbering_reads_numbers_as_pages():
     plain = [str(n) for n in range(1, 114)]
-    assert select_pages("108", plain) == [107]
-    assert select_pages("105-108", plain) == [104, 105, 106, 107]
-    assert select_pages("#108", plain) == [107]
+    assert parse_page_range("108", plain) == [107]
+    assert parse_page_range("105-108", plain) == [104, 105, 106, 107]
+    assert parse_page_range("#108", plain) == [107]
     with pytest.raises(PageRangeError, match="'114' is out of range"):
-        select_pages("114", plain)
+        parse_page_range("114", plain)
 
 
 @pytest.mark.parametrize("spec", ["²", "¹-3", "2-³"])
 def test_superscript_digits_are_no_page_numbers(spec):
     """``str.isdigit`` takes superscripts, which ``int`` refuses: they are malformed, not a crash."""
     with pytest.raises(PageRangeError, match="valid pages"):
-        select_pages(spec, [str(i) for i in range(1, 11)])
+        parse_page_range(spec, [str(i) for i in range(1, 11)])
 
 
 def test_other_scripts_decimal_digits_are_numbers():
-    assert select_pages("٣", [str(i) for i in range(1, 11)]) == [2]
+    assert parse_page_range("٣", [str(i) for i in range(1, 11)]) == [2]

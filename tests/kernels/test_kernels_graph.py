@@ -1,13 +1,15 @@
 """A whole LOCKS decode step (completed-page summary, score, select, attend) in one CUDA graph: replays equal
 eager runs, also after the inputs change in place; the step equals the ops pipeline, and dense attention when
-the budget covers every page."""
+the budget covers every page or the ``every`` switch is on; its two halves as the vLLM backend's CUDA path calls
+them (``select_step``, then ``sparse_paged_attention``) give what ``decode_step`` gives."""
 
+import pytest
 import torch
 
 import locks_kernels as lk
 from locks_engine import LocksConfig
 from locks_engine.ops import dense_paged_attention, score_pages, select_pages, sparse_paged_attention
-from locks_engine.ops.select import group_mass_shares
+from locks_engine.ops.select import every_page, group_mass_shares
 from tests.support.helpers import assert_close, make_scenario
 from tests.support.kernels_support import allocate_summaries, as_store, on_device, requires_cuda_graphs
 
@@ -37,9 +39,15 @@ def _summaries(sc, seq_lens):
     return summaries
 
 
-def _step(sc, summaries, cfg, build=True):
+def _step(sc, summaries, cfg, build=True, every=False):
     return lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, summaries, cfg.page_size,
-                          cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, build=build)
+                          cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, build=build, every=every)
+
+
+def _select(sc, summaries, cfg, build=True, every=False, superpages=None, candidates=0):
+    return lk.select_step(sc.q, sc.k_cache, sc.block_table, sc.seq_lens, summaries, cfg.page_size, cfg.budget_pages,
+                          cfg.sink_pages, cfg.recent_pages, build=build, superpages=superpages,
+                          candidates=candidates, every=every)
 
 
 def test_decode_step_replays_equal_eager():
@@ -86,11 +94,12 @@ def test_decode_step_matches_ops_pipeline():
     assert_close("step lse", ref_lse, lse.cpu(), 1e-5)
 
 
-def test_budget_covering_every_page_is_dense_attention():
+@pytest.mark.parametrize("every", [False, True], ids=["budget_past_pmax", "every_switch"])
+def test_budget_covering_every_page_is_dense_attention(every):
     sc = _scenario(seed=2)
-    cfg = LocksConfig(budget=16 * 256)
+    cfg = LocksConfig(budget=256 if every else 16 * 256)
     summaries = _summaries(sc, sc.seq_lens)
-    graph, (out, lse) = _capture(lambda: _step(sc, summaries, cfg, build=False))
+    graph, (out, lse) = _capture(lambda: _step(sc, summaries, cfg, build=False, every=every))
     graph.replay()
     ref_out, ref_lse = dense_paged_attention(sc.q.float().cpu(), sc.k_cache.float().cpu(), sc.v_cache.float().cpu(),
                                              sc.block_table.cpu(), sc.seq_lens.cpu())
@@ -126,3 +135,48 @@ def test_two_level_decode_step_replays_equal_eager_and_builds_the_completed_supe
         graph.replay()
         eager_out, eager_lse = step()
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"trial {trial}: replay != eager"
+
+
+
+def test_select_step_every_switch_reads_every_page_and_still_builds_the_completed_pages():
+    """``select_step(every=True)``, what the engine's CUDA path runs where ``reads_every_page`` says so, replayed
+    in a graph: ``ops.select.every_page``'s selection in ``Pmax`` slots, no superpages chosen, and the pages this
+    step's token completed (sequences 0 and 2) summarized as the scored step summarizes them."""
+    sc = _scenario(seed=4)
+    cfg = LocksConfig(budget=256)
+    unbuilt = _summaries(sc, sc.seq_lens - 1)
+    summaries, scored = tuple(t.clone() for t in unbuilt), tuple(t.clone() for t in unbuilt)
+    graph, (selected, chosen) = _capture(lambda: _select(sc, summaries, cfg, every=True))
+    for tensor, start in zip(summaries, unbuilt):
+        tensor.copy_(start)
+    graph.replay()
+    _select(sc, scored, cfg)
+    pmax = sc.block_table.shape[1] * (sc.block_size // 16)
+    assert chosen is None
+    assert torch.equal(selected.cpu(), every_page(sc.seq_lens.cpu(), 2, pmax, 16))
+    assert all(torch.equal(a, b) for a, b in zip(summaries, scored)), "the replay built the completed pages"
+    assert not all(torch.equal(a, b) for a, b in zip(summaries, unbuilt)), "a page was completed this step"
+
+
+@pytest.mark.parametrize("candidates", [0, 2], ids=["flat", "two_level"])
+def test_decode_step_is_select_step_then_attention(candidates):
+    """The engine's CUDA path calls the step in two halves with its hooks between them: ``select_step`` then
+    ``sparse_paged_attention`` into a preallocated ``out`` give ``decode_step``'s output; the two-level scan
+    hands back the superpages it chose (what the statistics count), the flat scan none."""
+    sc = on_device(make_scenario([48, 16 * 40 + 5, 16 * 70, 512], num_kv_heads=2, groups=4, head_dim=128,
+                                 block_size=64, seed=5, dtype=torch.bfloat16, key_offset=10.0))
+    cfg = LocksConfig(budget=256)
+    summaries = _summaries(sc, sc.seq_lens)
+    superpages = torch.zeros_like(summaries[0])
+    lk.build_completed_superpages(summaries[0], superpages, sc.block_table, sc.seq_lens, 16, sc.block_size)
+    selected, chosen = _select(sc, summaries, cfg, build=False, superpages=superpages, candidates=candidates)
+    assert (chosen is None) == (candidates == 0)
+    if chosen is not None:
+        assert chosen.shape[:2] == (4, 2) and chosen.dtype == torch.int64
+    out = torch.full_like(sc.q, float("nan"))
+    lse = lk.sparse_paged_attention(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, selected, 16,
+                                    out=out)[1]
+    ref_out, ref_lse = lk.decode_step(sc.q, sc.k_cache, sc.v_cache, sc.block_table, sc.seq_lens, summaries, 16,
+                                      cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, build=False,
+                                      superpages=superpages, candidates=candidates)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)

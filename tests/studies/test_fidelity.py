@@ -1,10 +1,10 @@
-"""``locks_engine.fidelity`` evaluates the ops' formulas once per sequence: it must give the ops' own numbers."""
+"""``locks_studies.fidelity`` evaluates the ops' formulas once per sequence: it must give the ops' own numbers."""
 
 import pytest
 import torch
 
 from locks_engine import LocksConfig
-from locks_engine.fidelity import DecodeSteps
+from locks_studies.fidelity import DecodeSteps
 from locks_engine.ops import (
     attention_mass_kept,
     build_cache_summaries,

@@ -1,14 +1,14 @@
-"""locks_bench.mass_budget: fixed top-K against top-p at the same mean pages."""
+"""locks_studies.mass_budget: fixed top-K against top-p at the same mean pages."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from locks_bench.mass_budget import (
+from locks_studies.mass_budget import (
     compare, kept, level_for_mean_pages, pages_fixed, pages_top_p, read_order, reads)
 from locks_engine.config import LocksConfig
-from locks_engine.fidelity import DecodeSteps
+from locks_studies.fidelity import DecodeSteps
 
 CFG = LocksConfig(page_size=16, budget=64, sink_pages=1, recent_pages=1)  # 4 pages
 

@@ -35,8 +35,8 @@ def test_script_refuses_bad_input_with_one_line(tmp_path):
              (["--model", str(model), "--books", str(book), "--tolerance", "-1"], "--tolerance"),
              (["--model", str(tmp_path), "--books", str(book)], "config.json")]
     for args, needle in cases:
-        out = subprocess.run([sys.executable, str(ROOT / "samples" / "needle_layers.py"), *args], capture_output=True,
-                             text=True, cwd=ROOT, timeout=120)
+        out = subprocess.run([sys.executable, str(ROOT / "samples" / "studies" / "needle_layers.py"), *args],
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert out.returncode == 2, out.stderr
         assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 

@@ -1,5 +1,5 @@
-"""``samples/ruler_failure.py``'s pure pieces (``locks_bench.ruler_failure``): words -> token positions and pages,
-the steps that begin an answer word, the share of a word's pages a selection reads, the per-layer measures on a
+"""``samples/studies/ruler_failure.py``'s pure pieces (``locks_studies.ruler_failure``): words -> token positions and
+pages, the steps that begin an answer word, the share of a word's pages a selection reads, the per-layer measures on a
 synthetic capture, the command line's one-line refusals; and ``capture_ids`` on a tiny random model.
 
 No lm-eval, no network, no evaluation model: offsets come from a whitespace "tokenizer" written here.
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from locks_bench.ruler import RulerError
-from locks_bench.ruler_failure import (
+from locks_studies.ruler_failure import (
     first_difference, measure, pages_needed, share_selected, task_predictions, word_pages, word_starts, word_tokens,
     worst_doc)
 from locks_engine.config import LocksConfig
@@ -146,8 +146,8 @@ def test_measure_two_level_reads_within_the_budget_and_matches_flat_when_every_s
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "samples" / "ruler_failure.py"), *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, str(ROOT / "samples" / "studies" / "ruler_failure.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def test_script_refuses_bad_input_with_one_line(tmp_path):

@@ -1,13 +1,13 @@
-"""The selection-cost study's rules (``samples/locks_bench/selection_cost.py``) on small generated decode steps:
-the cheaper scans reduce to the flat scan at their limits, and the byte counts match hand-computed cases."""
+"""The selection-cost study's rules (``locks_studies.selection_cost``) on small generated decode steps: the cheaper
+scans reduce to the flat scan at their limits, and the byte counts match hand-computed cases."""
 
 import pytest
 import torch
 
-from locks_bench import selection_cost as sc
-from locks_bench.selection_report import projected_bytes
+from locks_studies import selection_cost as sc
+from locks_studies.selection_report import projected_bytes
 from locks_engine import LocksConfig
-from locks_engine.fidelity import DecodeSteps
+from locks_studies.fidelity import DecodeSteps
 
 PAGE = 16
 
@@ -153,8 +153,8 @@ def test_projected_bytes_at_1m_on_a_hand_computed_case():
 
 
 def test_layer_adaptive_takes_the_cheapest_choice_within_the_flat_scans_mass_per_layer():
-    from locks_bench.selection_policy import layer_adaptive
-    from locks_bench.selection_study import Candidate
+    from locks_studies.selection_policy import layer_adaptive
+    from locks_studies.selection_study import Candidate
 
     flat, cheap = Candidate("flat r8 fused (e)", "fused"), Candidate("2L centroid c4", "two-level", coarse="centroid")
     calib = [{"candidate": flat.name, "budget_frac": 0.02, "bytes_pct_d64": 21.5,

@@ -1,4 +1,4 @@
-"""The fuzzing script's bookkeeping (``samples/fuzz_ingest.py``): counts per kind, the run folder, and a worker
+"""The fuzzing script's bookkeeping (``samples/tools/fuzz_ingest.py``): counts per kind, the run folder, and a worker
 that hangs or dies is restarted with the inputs it still had."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-from locks_bench.fuzz_run import Tally, Worker
+from locks_tools.fuzz_run import Tally, Worker
 from tests.support.paths import REPO
 
-SCRIPT = REPO / "samples" / "fuzz_ingest.py"
+SCRIPT = REPO / "samples" / "tools" / "fuzz_ingest.py"
 
 
 def load_script():
@@ -32,7 +32,7 @@ def test_a_small_run_writes_counts_and_a_manifest(tmp_path):
     assert result["totals"]["problems"] == result["totals"]["hangs"] == result["totals"]["crashes"] == 0
     assert (folder / result["slowest"]["file"]).is_file() and "/" not in result["slowest"]["outcome"].split(":")[0]
     manifest = (folder / "MANIFEST.md").read_text()
-    assert "python samples/fuzz_ingest.py -n 9 --seed 3 --out OUT" in manifest
+    assert "python samples/tools/fuzz_ingest.py -n 9 --seed 3 --out OUT" in manifest
 
 
 def test_a_hanging_worker_is_counted_and_restarted(tmp_path):

@@ -36,7 +36,6 @@ from locks_chat.errors import (
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
-from locks_engine.config import LocksConfig
 from locks_chat.transcript import turn_stats_text
 from locks_chat.tui.background import Abandoned, abandonable
 from locks_chat.tui.book_chat import BookChat
@@ -45,11 +44,12 @@ from locks_chat.tui.mailbox import DRAIN_PERIOD_S, Mailbox
 from locks_chat.tui.meter import EngineTick
 from locks_chat.tui.screens.chat_commands import ChatCommands
 from locks_chat.tui.screens.help import HelpScreen
-from locks_chat.tui.widgets.conversation import Conversation
+from locks_chat.tui.widgets.conversation_view import ConversationView
 from locks_chat.tui.widgets.page_heatmap import PageHeatMap
 from locks_chat.tui.widgets.prompt_input import PromptInput
 from locks_chat.tui.widgets.reading_panels import ReadingPanels
 from locks_chat.tui.widgets.turn_view import TurnView
+from locks_engine.config import LocksConfig
 
 
 
@@ -134,7 +134,7 @@ class ChatScreen(Screen):
         yield Header()
         with Horizontal():
             with Vertical(id="chat-column"):
-                yield Conversation(id="conversation")
+                yield ConversationView(id="conversation")
                 yield PromptInput(id="prompt", placeholder=PROMPT_PLACEHOLDER)
             yield ReadingPanels(id="panels")
         yield Footer()
@@ -147,7 +147,7 @@ class ChatScreen(Screen):
         self.panels.set_locks(self.chat.locks)
         self.query_one(PromptInput).focus()
         self.load(self.chat.options.pages, first=True)
-        self.start_engine(self.chat.settings, self.chat.locks, None)
+        self.start_engine(self.chat.settings, None)
 
     def on_resize(self, event: events.Resize) -> None:
         self.fit_panels(event.size.width)
@@ -214,20 +214,20 @@ class ChatScreen(Screen):
             pass
         return ""
 
-    def start_engine(self, settings: Settings, locks: LocksConfig, note: str | None) -> None:
-        """(Re)start the engine in a worker with ``settings`` and their ``locks``, built once by the caller."""
+    def start_engine(self, settings: Settings, note: str | None) -> None:
+        """(Re)start the engine in a worker with ``settings`` (their ``LocksConfig`` built with them)."""
         self.engine_starting.set()
         expected = self.chat.timings.engine_start_s
         self.panels.progress.begin("engine", note or "Starting the engine (vLLM + LOCKS)", expected_s=expected)
-        self._start_engine(settings, locks, note is not None)
+        self._start_engine(settings, note is not None)
 
     @work(thread=True, exclusive=True, group="engine")
-    def _start_engine(self, settings: Settings, locks: LocksConfig, persist: bool) -> None:
+    def _start_engine(self, settings: Settings, persist: bool) -> None:
         try:
-            seconds = abandonable(self.chat.start_engine, settings, locks)
+            seconds = abandonable(self.chat.start_engine, settings)
             if persist:
                 self.chat.persist(budget=settings.budget, rank=settings.rank, dense=settings.dense)
-            message: Message = self.EngineReady(locks, seconds)
+            message: Message = self.EngineReady(settings.locks, seconds)
         except Abandoned:
             return
         except Exception as err:  # noqa: BLE001
@@ -281,7 +281,7 @@ class ChatScreen(Screen):
         self.turns_before = len(self.chat.turns)
         prompt = self.query_one(PromptInput)
         prompt.disabled, prompt.placeholder = True, ANSWERING_PLACEHOLDER
-        self.turn = await self.query_one(Conversation).add_turn(question)
+        self.turn = await self.query_one(ConversationView).add_turn(question)
         self.panels.new_answer()
         if self.doc_loading.is_set() or self.engine_starting.is_set():
             self.panels.progress.begin("answer", "Waiting for the engine; Esc cancels")
@@ -303,7 +303,7 @@ class ChatScreen(Screen):
         self.app.push_screen(HelpScreen())
 
     async def on_chat_screen_resumed(self, message: Resumed) -> None:
-        await self.query_one(Conversation).show_turns(message.turns)
+        await self.query_one(ConversationView).show_turns(message.turns)
         self.query_one(PromptInput).set_history([t.question for t in message.turns])
         if message.turns:
             self.notify(f"Resumed this book's conversation ({len(message.turns)} turns)")
@@ -374,7 +374,7 @@ class ChatScreen(Screen):
                 self.panels.show_tick(item, self.chat.settings.max_tokens, self.chat.timings.prefill_tokens_per_s)
         if text and self.turn is not None:
             await self.turn.write("".join(text))
-            self.query_one(Conversation).follow()
+            self.query_one(ConversationView).follow()
 
     async def on_chat_screen_answered(self, message: Answered) -> None:
         await self._drain()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from locks_chat.errors import LocksChatError
 from locks_chat.tui.commands import Command
 from locks_chat.tui.stats_table import stats_markdown
-from locks_chat.tui.widgets.conversation import Conversation
+from locks_chat.tui.widgets.conversation_view import ConversationView
 
 if TYPE_CHECKING:
     from locks_chat.tui.screens.chat import ChatScreen
@@ -34,7 +34,7 @@ class ChatCommands:
                 raise LocksChatError("the document is still loading; try again when it is loaded")
             screen.load(command.value)
         elif command.name == "stats":
-            await screen.query_one(Conversation).add_note(stats_markdown(self.chat.turns))
+            await screen.query_one(ConversationView).add_note(stats_markdown(self.chat.turns))
         elif command.name == "export":
             if self.chat.session is None:
                 raise LocksChatError("no session yet: wait for the document to load")
@@ -54,11 +54,10 @@ class ChatCommands:
         current = self.chat.settings
         value = not current.dense if command.name == "dense" and command.value is None else command.value
         settings = current.with_overrides(**{command.name: value})
-        locks = settings.locks_config()
         what = {
             "budget": f"budget {settings.budget} tokens",
             "rank": f"rank {settings.rank}",
             "dense": "dense attention" if settings.dense else "LOCKS sparse attention",
         }[command.name]
         self.screen.notify(f"{what}: restarting the engine, as vLLM reads these settings only when it starts")
-        self.screen.start_engine(settings, locks, f"Restarting the engine with {what}")
+        self.screen.start_engine(settings, f"Restarting the engine with {what}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from locks_chat.reading import StepReading
+from locks_chat.settings import LOCKS_DEFAULTS
 from locks_engine.config import LocksConfig
 
 
@@ -14,7 +15,7 @@ class BudgetPanel(Static):
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
-        self.locks = LocksConfig()
+        self.locks = LOCKS_DEFAULTS
         self.reading: StepReading | None = None
         self.doc_pages_total = 0
         self.max_context: int | None = None

@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import locks_chat.cli
-import locks_chat.engine
+import locks_chat.cli.exits
+import locks_chat.engine_client
 from locks_chat.cli import app
-from locks_chat.engine import ModelTokenizer
+from locks_chat.engine_client import ModelTokenizer
 from locks_chat.errors import EngineError
 from locks_chat.signals import Terminated
 from tests.support.fakes import FakeEngine, WordTokenizer
 
 runner = CliRunner()
-REAL_OPEN_TOKENIZER = locks_chat.engine.open_tokenizer  # the autouse fixture below replaces it
+REAL_OPEN_TOKENIZER = locks_chat.engine_client.open_tokenizer  # the autouse fixture below replaces it
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ class Tokenizer:
 @pytest.fixture(autouse=True)
 def tokenizer(monkeypatch):
     counter = Tokenizer()
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", counter)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", counter)
     return counter
 
 
@@ -58,7 +58,7 @@ def engine(monkeypatch):
         fake.kv_cache_gib = kv_cache_gib
         return fake
 
-    monkeypatch.setattr(locks_chat.engine, "open_engine", open_engine)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", open_engine)
     fake.calls = calls
     return fake
 
@@ -125,7 +125,7 @@ def test_document_that_cannot_fit_is_refused_before_the_engine_starts(book, engi
     after_start = runner.invoke(app, ["ask", str(book), "q", "--context", "300"])
     assert after_start.exit_code == 2 and len(engine.calls) == 1
     tokenizer.max_context = 300
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     before_start = runner.invoke(app, ["ask", str(book), "q", "--context", "300"])
     assert before_start.exit_code == 2
     assert before_start.stderr == after_start.stderr, "the early refusal says what the engine's would"
@@ -149,8 +149,8 @@ def test_unknown_model_is_an_engine_error_before_the_engine_starts(book, monkeyp
     def open_tokenizer(model, max_model_len, convert=True):
         raise EngineError(f"no such model directory: {model}")
 
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", open_tokenizer)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", open_tokenizer)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     result = runner.invoke(app, ["ask", str(book), "q", "--model", "./nowhere"])
     assert result.exit_code == 3 and "no such model directory: ./nowhere" in result.stderr
 
@@ -159,7 +159,7 @@ def test_engine_failure_exits_3(book, monkeypatch):
     def broken(*args, **kwargs):
         raise EngineError("the engine did not start: out of memory")
 
-    monkeypatch.setattr(locks_chat.engine, "open_engine", broken)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", broken)
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 3 and "out of memory" in result.stderr
 
@@ -185,7 +185,7 @@ def test_an_engine_failure_after_a_sigterm_is_reported_as_the_sigterm(book, engi
     # ``timeout`` signals the whole process group: vLLM's engine core may fail the request before the app's
     # own handler runs
     engine.fail = EngineError("the engine failed: EngineCore encountered an issue")
-    monkeypatch.setattr(locks_chat.cli, "sigterm_received", lambda: True)
+    monkeypatch.setattr(locks_chat.cli.exits, "sigterm_received", lambda: True)
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 143 and result.stderr.strip() == "terminated: the engine was shut down"
 
@@ -196,8 +196,8 @@ def test_help_has_an_example():
 
 
 def test_a_model_path_that_does_not_exist_is_bad_input(book, monkeypatch, tmp_path):
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", REAL_OPEN_TOKENIZER)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     result = runner.invoke(app, ["ask", str(book), "q", "--model", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "no such model directory" in result.stderr
 
@@ -206,8 +206,8 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"max_position_embeddings": 4096}')
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", REAL_OPEN_TOKENIZER)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
     result = runner.invoke(app, ["ask", str(book), "q", "--model", str(model), "--context", "99999999"])
     assert result.exit_code == 2
@@ -262,8 +262,8 @@ def test_help_without_a_command_exits_0(args, monkeypatch, capsys):
 
 
 def test_a_closed_stdout_is_bad_input_before_anything_starts(book, monkeypatch):
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
-    monkeypatch.setattr("locks_chat.ask_command.stdout_open", lambda: False)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
+    monkeypatch.setattr("locks_chat.cli.ask.stdout_open", lambda: False)
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 2 and "stdout is closed" in result.stderr
 
@@ -275,10 +275,10 @@ def test_a_reader_that_closes_the_pipe_stops_the_answer_quietly(book, engine, mo
         writes.append(text)
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr("locks_chat.ask_command.write_out", closed_pipe)
-    monkeypatch.setattr(locks_chat.cli, "_drop_stdout", lambda: dropped.append(True))
+    monkeypatch.setattr("locks_chat.cli.ask.write_out", closed_pipe)
+    monkeypatch.setattr(locks_chat.cli.exits, "_drop_stdout", lambda: dropped.append(True))
     result = runner.invoke(app, ["ask", str(book), "q"])
-    assert result.exit_code == locks_chat.cli.BROKEN_PIPE_EXIT_CODE and result.stderr == "" and dropped
+    assert result.exit_code == locks_chat.cli.exits.BROKEN_PIPE_EXIT_CODE and result.stderr == "" and dropped
     assert writes == ["The "]
     assert engine.aborted == 1 and engine.closed, "the request was not aborted before the engine closed"
 
@@ -289,9 +289,9 @@ def test_an_unwritable_model_cache_is_bad_input_in_one_line(book, monkeypatch):
     def unwritable(model, convert=True, cache_dir=None):
         raise models.CacheDirError(Path("/ro/models"), "Read-only file system")
 
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", REAL_OPEN_TOKENIZER)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", REAL_OPEN_TOKENIZER)
     monkeypatch.setattr(models, "local_model_dir", unwritable)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     result = runner.invoke(app, ["ask", str(book), "q"])
     assert result.exit_code == 2 and "cannot write the model cache /ro/models" in result.stderr
     assert "set LOCKS_CHAT_HOME to a writable directory" in result.stderr, "the app names its own directory"

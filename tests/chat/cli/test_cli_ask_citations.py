@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import locks_chat.engine
+import locks_chat.engine_client
 from locks_chat.cli import app
 from tests.support.fakes import FakeEngine
 from tests.support.ingest_samples import text_pdf, with_page_labels, write
@@ -30,8 +30,8 @@ def book(tmp_path):
 @pytest.fixture
 def engine(monkeypatch):
     fake = FakeEngine()
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", lambda *args, **kwargs: None)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda *args, **kwargs: fake)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", lambda *args, **kwargs: None)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", lambda *args, **kwargs: fake)
     return fake
 
 

@@ -36,7 +36,7 @@ def opened(monkeypatch):
         apps.append(self)
 
     monkeypatch.setattr(LocksChatApp, "run", run)
-    monkeypatch.setattr("locks_chat.chat_command.terminal_attached", lambda: True)
+    monkeypatch.setattr("locks_chat.cli.chat.terminal_attached", lambda: True)
     monkeypatch.setattr(LocksChatApp, "return_code", None, raising=False)
     return apps
 
@@ -86,7 +86,7 @@ def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, asked):
         self.chat.turns = ["a turn"] if asked else []
 
     monkeypatch.setattr(LocksChatApp, "run", run)
-    monkeypatch.setattr("locks_chat.chat_command.terminal_attached", lambda: True)
+    monkeypatch.setattr("locks_chat.cli.chat.terminal_attached", lambda: True)
     monkeypatch.setattr(LocksChatApp, "return_code", 143, raising=False)
     result = runner.invoke(app, ["chat", str(write_book(tmp_path))])
     expected = "terminated: the conversation is saved" if asked else "terminated (no question asked: nothing to save)"
@@ -180,7 +180,7 @@ def test_sessions_delete(sessions):
 
 def test_sessions_commands_do_not_create_the_database():
     """Listing, showing or deleting before any chat leaves no database file behind."""
-    from locks_chat.settings import data_dir
+    from locks_chat.paths import data_dir
 
     db = data_dir() / "sessions.sqlite"
     assert not db.exists()
@@ -232,7 +232,7 @@ def test_model_and_context_are_checked_before_the_app_opens(tmp_path, monkeypatc
             raise ContextError(f"--context {max_model_len:,} is more than this model's 8,192-token context")
         return None
 
-    monkeypatch.setattr("locks_chat.engine.open_tokenizer", open_tokenizer)
+    monkeypatch.setattr("locks_chat.engine_client.open_tokenizer", open_tokenizer)
     missing = runner.invoke(app, ["chat", str(book), "--model", "./nowhere"])
     too_long = runner.invoke(app, ["chat", str(book), "--context", "100000000"])
     assert missing.exit_code != 0 and "not a local model directory" in missing.stderr

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import locks_chat.engine
+import locks_chat.engine_client
+from locks_chat.attention import attention_text
 from locks_chat.cli import app
-from locks_chat.engine import ModelTokenizer
+from locks_chat.engine_client import ModelTokenizer
 from locks_chat.errors import DocumentError
-from locks_chat.followup import read_input
+from locks_chat.cli.followup import read_input
 from locks_chat.ingest import load_document, load_document_bytes
 from locks_chat.prompt import build_prompt
 from locks_chat.sessions import STDIN_PATH, SessionStore, file_hash
@@ -51,7 +52,7 @@ class Tokenizer:
 @pytest.fixture(autouse=True)
 def tokenizer(monkeypatch):
     counter = Tokenizer()
-    monkeypatch.setattr(locks_chat.engine, "open_tokenizer", counter)
+    monkeypatch.setattr(locks_chat.engine_client, "open_tokenizer", counter)
     return counter
 
 
@@ -59,7 +60,7 @@ def tokenizer(monkeypatch):
 def engine(monkeypatch):
     """One scripted engine for every ask of a test, with a prefix cache of 16-token blocks."""
     fake = FakeEngine(answer=ANSWER, bins_per_step=[list(range(0, 40))], prefix_block=16)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda model, locks, max_model_len=None, kv_cache_gib=None: fake)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", lambda model, locks, max_model_len=None, kv_cache_gib=None: fake)
     return fake
 
 
@@ -78,7 +79,8 @@ def test_ask_saves_a_session_the_chat_app_resumes(book, engine):
     [turn] = SessionStore().turns(session.id)
     assert (turn.question, turn.answer, turn.status) == ("What is the password?", ANSWER, "done")
     assert [(c["page"], c["physical"], c["verified"]) for c in turn.citations] == [("1", 1, True)]
-    assert turn.stats["mode"] == "LOCKS budget 2048, rank 8"
+    assert turn.stats["attention"] == {"dense": False, "budget": 2048, "rank": 8}
+    assert attention_text(turn.stats) == "LOCKS budget 2048, rank 8"
     # the chat app's lookup (path and content) resumes this session
     resumed = SessionStore().open_session(str(book), file_hash(book), "book", None)
     assert resumed.id == session.id and session.title == "book"
@@ -117,7 +119,7 @@ def test_a_follow_up_shows_its_prefix_cache_hit_in_the_footer_and_the_json(book,
 
 def test_an_engine_that_does_not_report_the_cache_gets_no_cache_note(book, monkeypatch):
     fake = FakeEngine(answer=ANSWER)
-    monkeypatch.setattr(locks_chat.engine, "open_engine", lambda model, locks, max_model_len=None, kv_cache_gib=None: fake)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", lambda model, locks, max_model_len=None, kv_cache_gib=None: fake)
     result = ask(book, "What is the password?", "--json")
     assert json.loads(result.stdout)["stats"]["cached_prompt_tokens"] is None
     assert "prefix cache" not in ask(book, "What is the password?").stderr
@@ -159,7 +161,7 @@ def test_follow_up_errors_are_one_line_exit_2_and_start_nothing(book, other, eng
     for [which] in setup:
         assert ask(book if which == "book" else other, "Earlier?").exit_code == 0
     before = [(s.id, s.turns) for s in SessionStore().list_sessions()]
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     result = ask(book, "Follow-up?", *args)
     assert result.exit_code == 2
     [line] = result.stderr.strip().splitlines()
@@ -178,7 +180,7 @@ def test_follow_up_errors_are_one_line_exit_2_and_start_nothing(book, other, eng
 def test_a_follow_up_about_a_file_edited_since_says_it_changed(book, engine, monkeypatch, args, message):
     assert ask(book, "Earlier?").exit_code == 0
     book.write_text(book.read_text(encoding="utf-8") + "\nOne more line.\n", encoding="utf-8")
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     result = ask(book, "Follow-up?", *args)
     assert result.exit_code == 2
     [line] = result.stderr.strip().splitlines()
@@ -291,7 +293,7 @@ def test_a_pdf_on_stdin_is_told_by_its_content(engine):
     ],
 )
 def test_bad_stdin_is_one_line_exit_2(monkeypatch, stdin, message):
-    monkeypatch.setattr(locks_chat.engine, "open_engine", engine_started)
+    monkeypatch.setattr(locks_chat.engine_client, "open_engine", engine_started)
     result = runner.invoke(app, ["ask", "-", "q"], input=stdin)
     assert result.exit_code == 2
     [line] = result.stderr.strip().splitlines()
@@ -319,7 +321,7 @@ def test_a_named_pipe_as_the_document_says_it_waits_for_a_writer(tmp_path, capsy
     import os
     import threading
 
-    from locks_chat.followup import read_input
+    from locks_chat.cli.followup import read_input
 
     fifo = tmp_path / "notes.fifo"
     os.mkfifo(fifo)

@@ -1,4 +1,4 @@
-"""``locks_chat.engine.open_tokenizer``: the model's tokenizer and context before the engine starts, on a tiny
+"""``locks_chat.engine_client.open_tokenizer``: the model's tokenizer and context before the engine starts, on a tiny
 word-level tokenizer saved as a Hugging Face model directory (no weights, no vLLM)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from locks_chat.engine import open_tokenizer
+from locks_chat.engine_client import open_tokenizer
 from locks_chat.errors import ModelPathError
 from locks_chat.ingest import load_document
 from locks_chat.prompt import build_prompt

@@ -3,7 +3,7 @@
 import pytest
 
 from locks_chat.ask import ask, check_fits
-from locks_chat.ingest.pagerange import select_pages
+from locks_chat.ingest.pagerange import parse_page_range
 from locks_chat.citations import find_citations
 from locks_chat.errors import Cancelled, ContextError
 from locks_chat.ingest.document import PageKind, RawPage, build_document
@@ -59,7 +59,7 @@ def test_range_advice_uses_physical_numbers_for_hyphenated_labels():
         check_fits(prompt, doc, 2048, 256)
     fit = int(err.value.message.split("--pages with about ")[1].split(" pages")[0])
     advice = err.value.message.split("e.g. --pages ")[1].split(")")[0]
-    assert select_pages(advice, labels) == list(range(fit)), "the advice selects the first pages of the file"
+    assert parse_page_range(advice, labels) == list(range(fit)), "the advice selects the first pages of the file"
 
 
 def test_advice_counts_each_pages_tokens_not_the_average():

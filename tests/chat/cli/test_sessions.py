@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from locks_chat.cli import app
 from locks_chat.sessions import STDIN_PATH, SessionStore, SessionStoreError, file_hash
-from locks_chat.settings import Settings, config_dir, data_dir, load_settings, save_settings, settings_path
+from locks_chat.paths import config_dir, data_dir, settings_path
+from locks_chat.settings import Settings, load_settings, save_settings
 from locks_chat.transcript import export_transcript, render_transcript
 
 
@@ -84,7 +85,8 @@ def test_a_session_deleted_meanwhile_is_not_current_where_an_older_database_reus
     """A database made before ids were never reused (no AUTOINCREMENT) gives a deleted session's id to the next
     session: ``current`` tells them apart by their creation time, and an ``ask`` that continued the deleted
     session saves its turn in a new session of its own document, not in the other document's."""
-    from locks_chat.followup import Conversation, DocumentInput
+    from locks_chat.cli.followup import DocumentInput
+    from locks_chat.conversation import Conversation, DocumentKey
     from locks_chat.ingest import load_document
     from locks_chat.sessions import SCHEMA
 
@@ -97,12 +99,12 @@ def test_a_session_deleted_meanwhile_is_not_current_where_an_older_database_reus
     data = book.read_bytes()
     doc = DocumentInput(data, str(book), book)
     mine = store.open_session(str(book), doc.digest, "book", None, new=True)
-    conversation = Conversation(store, doc, mine, None, continued=True)
+    conversation = Conversation(store, DocumentKey(doc.doc_path, doc.digest, book.stem), mine, None, continued=True)
     assert store.delete(mine.id)
     theirs = store.open_session(str(other), file_hash(other), "other", None, new=True)
     assert theirs.id == mine.id, "the older schema reuses the id (what this test is about)"
     assert store.current(mine) is None and store.current(theirs) == store.get(theirs.id)
-    conversation.save("q about book", load_document(book), "a", "done", [], {})
+    conversation.save(None, "q about book", load_document(book), "a", "done", [], {})
     assert conversation.session.id != theirs.id and conversation.session.doc_hash == doc.digest
     assert [t.question for t in store.turns(theirs.id)] == []
     assert [t.question for t in store.turns(conversation.session.id)] == ["q about book"]
@@ -251,7 +253,7 @@ def app_not_run(monkeypatch):
     started = []
     monkeypatch.setattr(LocksChatApp, "run", lambda self, *args, **kwargs: started.append(self))
     monkeypatch.setattr(LocksChatApp, "return_code", None, raising=False)
-    monkeypatch.setattr("locks_chat.chat_command.terminal_attached", lambda: True, raising=False)
+    monkeypatch.setattr("locks_chat.cli.chat.terminal_attached", lambda: True, raising=False)
     return started
 
 
@@ -329,16 +331,19 @@ def test_a_read_only_data_directory_is_a_user_error(user_home, read_only, messag
     assert message in err.value.message
 
 
-def test_transcript_has_questions_answers_citations_and_states(book, tmp_path):
+@pytest.mark.parametrize("setting", [{"attention": {"dense": False, "budget": 512, "rank": 8}},
+                                     {"mode": "LOCKS budget 512, rank 8"}], ids=["numbers", "older_text"])
+def test_transcript_has_questions_answers_citations_and_states(book, tmp_path, setting):
+    """Turns keep the attention setting's numbers; sessions saved before kept its text: both read the same."""
     store = SessionStore()
     session = store.open_session(str(book), file_hash(book), "My Book", "2-3")
     turn = store.begin_turn(session.id, "Who?")
     store.save_turn(turn, "Ann (p. 2) and Bo (p. 9).", "done",
                     [{"page": "2", "physical": 2}, {"page": "9", "physical": None}],
                     {"generated_tokens": 9, "ttft_ms": 1500.0, "tpot_ms": 80.0, "decode_steps": 9,
-                     "kv_pages_read_fraction": 0.25, "mode": "LOCKS budget 512, rank 8"})
+                     "kv_pages_read_fraction": 0.25, **setting})
     store.save_turn(store.begin_turn(session.id, "Why?"), "Because", "cancelled", None,
-                    {"mode": "LOCKS budget 512, rank 8"})  # as a cancelled ask saves it: no token count
+                    setting)  # as a cancelled ask saves it: no token count
     text = render_transcript(store.get(session.id), store.turns(session.id))
     assert text.startswith("# My Book (pages 2-3)")
     assert "<sub>LOCKS budget 512, rank 8</sub>" in text and "0 tokens" not in text
@@ -438,11 +443,31 @@ def test_a_locks_value_the_engine_refuses_falls_back_to_its_default_naming_the_f
     settings, warnings = load_settings()
     assert {k: getattr(settings, k) for k in kept} == kept
     assert len(warnings) == 1 and warnings[0].startswith(str(settings_path())) and warning in warnings[0]
-    settings.locks_config()  # what is left is valid
+    assert settings.locks.budget == settings.budget and settings.locks.rank == settings.rank  # what is left is valid
 
 
 def test_settings_locks_refuses_are_user_errors():
     from locks_chat.errors import LocksChatError
 
     with pytest.raises(LocksChatError, match="rank=20"):
-        Settings(rank=20).locks_config()
+        Settings(rank=20)
+
+
+@pytest.mark.parametrize(
+    "older, numbers",
+    [("LOCKS budget 2048, rank 8", {"dense": False, "budget": 2048, "rank": 8}),
+     ("dense", {"dense": True, "budget": None, "rank": None})],
+    ids=["locks", "dense"],
+)
+def test_a_turn_saved_with_the_older_attention_text_reads_as_its_numbers(book, older, numbers):
+    """Sessions saved before turns kept the numbers stored the text ``mode``: read back as the same setting,
+    shown as the same text; a turn that records no setting shows none."""
+    from locks_chat.attention import Attention, attention_text
+
+    store = SessionStore()
+    session = store.open_session(str(book), file_hash(book), "My Book", None)
+    store.save_turn(store.begin_turn(session.id, "Who?"), "Ann", "done", [], {"mode": older})
+    [turn] = store.turns(session.id)
+    assert Attention.from_stats(turn.stats).to_json() == numbers
+    assert attention_text(turn.stats) == older == Attention(**numbers).text()
+    assert Attention.from_stats({}) is None and attention_text({}, "-") == "-"

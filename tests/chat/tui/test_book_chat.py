@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from locks_chat.engine import ModelTokenizer
+from locks_chat.engine_client import ModelTokenizer
 from locks_chat.errors import Cancelled, ContextError, EngineError
 from locks_chat.sessions import SessionStore
 from locks_chat.settings import Settings

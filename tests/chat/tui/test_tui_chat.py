@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from locks_chat.engine import ModelTokenizer
+from locks_chat.attention import attention_text
+from locks_chat.engine_client import ModelTokenizer
 from locks_chat.errors import EngineError
 from locks_chat.sessions import SessionStore
 from locks_chat.settings import Settings
@@ -72,7 +73,8 @@ async def test_answer_streams_with_citations_and_is_saved(book):
     assert (saved.status, saved.answer) == ("done", turn.answer)
     assert saved.citations == [{"page": "1", "physical": 1, "verified": True, "found_on": None, "score": 1.0}]
     assert saved.stats["citation_check"] == "p. 1 verified"
-    assert saved.stats["mode"] == "LOCKS budget 2048, rank 8" and saved.stats["decode_steps"] == 6
+    assert saved.stats["attention"] == {"dense": False, "budget": 2048, "rank": 8}
+    assert attention_text(saved.stats) == "LOCKS budget 2048, rank 8" and saved.stats["decode_steps"] == 6
     assert engine.closed
 
 

@@ -5,7 +5,7 @@ import tomllib
 import pytest
 
 from locks_chat.sessions import SessionStore, file_hash
-from locks_chat.settings import settings_path
+from locks_chat.paths import settings_path
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.screens.help import HelpScreen

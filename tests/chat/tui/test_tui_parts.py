@@ -83,11 +83,16 @@ def test_meter_passes_events_through_to_ask(tmp_path):
     assert result.answer == "It is BLUE (p. 1)." and ticks[-1].generated == result.generated_tokens
 
 
-def test_stats_table_compares_locks_and_dense():
+@pytest.mark.parametrize("saved_by", ["numbers", "older_text"])
+def test_stats_table_compares_locks_and_dense(saved_by):
+    """Turns keep the attention setting's numbers; those of sessions saved before kept its text (``mode``)."""
     def turn(mode, tpot, read):
         pages = [{"page": "3", "steps": 2}, {"page": "7", "steps": 9}]
+        numbers = {"LOCKS budget 512, rank 8": {"dense": False, "budget": 512, "rank": 8},
+                   "dense": {"dense": True, "budget": 2048, "rank": 8}}[mode]
+        setting = {"attention": numbers} if saved_by == "numbers" else {"mode": mode}
         return Turn(1, "q", "a", "done", [], {
-            "mode": mode, "generated_tokens": 10, "ttft_ms": 900.0, "tpot_ms": tpot, "decode_steps": 10,
+            **setting, "generated_tokens": 10, "ttft_ms": 900.0, "tpot_ms": tpot, "decode_steps": 10,
             "kv_pages_read_fraction": read, "kv_bytes_read": 1e6 * read, "kv_bytes_dense": 1e6,
             "document_pages_read": pages,
         })

@@ -1,0 +1,5 @@
+"""``python -m locks_chat.cli``: the ``locks-chat`` command line."""
+
+from locks_chat.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""The ``chat`` command's body (``locks-chat book.pdf``): settings, the app, the engine's log (kept apart from
+the Typer wiring)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from locks_chat.errors import DocumentError, LocksChatError, TerminatedError
+from locks_chat.signals import TERMINATED_EXIT_CODE
+
+
+def terminal_attached() -> bool:
+    """Whether stdin and stdout are a terminal (the app draws on one and reads keys from it)."""
+    return sys.stdin is not None and sys.stdout is not None and sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def run_chat(
+    doc: Path, pages: str | None, password: str | None, model: str | None, budget: int | None, rank: int | None,
+    dense: bool | None, max_tokens: int | None, context: int | None, new: bool, kv_cache_gib: float | None = None,
+) -> None:
+    """Open the TUI on ``doc``; options given override the settings file for this run.
+
+    Raises:
+        LocksChatError: no terminal, a document or ``--pages`` selection that cannot be read
+            (``check_document``), a setting LOCKS refuses, a ``--model`` that cannot be found, a ``--context``
+            past the model's (``open_tokenizer``) or an unwritable data directory (before the screen opens).
+    """
+    from locks_chat.engine_client import open_tokenizer, writable_engine_log
+    from locks_chat.ingest.load import check_document
+    from locks_chat.settings import load_settings
+    from locks_chat.tui.app import build_app
+    from locks_chat.tui.book_chat import ChatOptions
+    from locks_chat.tui.terminal import engine_output_to
+
+    if doc.is_dir():
+        raise DocumentError(f"{doc}: is a directory; pass a file")
+    if str(doc) == "-":
+        raise DocumentError("-: the chat app does not read standard input; save it to a file, or ask about it with "
+                            "locks-chat ask - \"question\"")
+    if doc.exists() and not doc.is_file():
+        raise DocumentError(f"{doc}: not a regular file (a device or a pipe), which the chat app cannot read again; "
+                            "save it to a file, or use locks-chat ask")
+    if not doc.is_file():
+        raise DocumentError(f"{doc}: no such file; check the path")
+    settings, warnings = load_settings()
+    # the settings carry their LocksConfig, built with them: a value LOCKS refuses is said here
+    settings = settings.with_overrides(
+        model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context,
+        kv_cache_gib=kv_cache_gib,
+    )
+    check_document(doc, password=password, pages=pages)
+    # a model that is not there, or a context past the model's, is refused here in one line, as ask does, not
+    # after the screen opened and the engine started (the built-in model not yet converted waits for the app)
+    open_tokenizer(settings.model, settings.context, convert=False)
+    if not terminal_attached():
+        raise LocksChatError(
+            "the chat app needs a terminal (stdin and stdout); in scripts use: locks-chat ask FILE \"question\""
+        )
+    options = ChatOptions(settings=settings, pages=pages, password=password, new_session=new)
+    with engine_output_to(writable_engine_log()):
+        app = build_app(doc, options, warnings=tuple(warnings))
+        app.run()
+    if app.fatal_error:
+        raise DocumentError(app.fatal_error)
+    if app.return_code == TERMINATED_EXIT_CODE:
+        saved = ": the conversation is saved" if app.chat.turns else " (no question asked: nothing to save)"
+        raise TerminatedError("terminated" + saved)
+    if app.return_code:
+        raise LocksChatError(f"the app stopped with an error (exit code {app.return_code})")

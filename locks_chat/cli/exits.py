@@ -1,0 +1,85 @@
+"""How a command ends: errors users cause as one line on stderr with their exit code, and output that cannot be
+written (a closed pipe, a full disk). The codes: 0 ok, 1 the output could not be written, 2 bad input or a document
+that does not fit, 3 engine failure, 130 interrupted, 141 stdout's pipe closed, 143 SIGTERM
+(``locks_chat.signals``)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from locks_chat.errors import Cancelled, LocksChatError, TerminatedError
+from locks_chat.signals import TERMINATED_EXIT_CODE, Terminated, sigterm_received
+
+err_console = Console(stderr=True)
+"""where the one-line errors go"""
+
+#: Exit code when stdout's reader closed the pipe (128 + SIGPIPE, what a shell reports for ``yes | head``).
+BROKEN_PIPE_EXIT_CODE = 141
+#: Exit code when the output could not be written (a full disk or quota): the command's work is lost, say so.
+OUTPUT_ERROR_EXIT_CODE = 1
+_OUTPUT_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a closed pipe raises nothing."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Map :class:`LocksChatError`, Ctrl+C and SIGTERM to one line on stderr and their exit codes."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = command(*args, **kwargs)
+            sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
+            return result
+        except LocksChatError as err:
+            if sigterm_received() and not isinstance(err, Cancelled):
+                # a SIGTERM sent to the process group reached vLLM's engine core too, which failed the request
+                err = TerminatedError("terminated: the engine was shut down")
+            # a stop the user asked for is no error
+            prefix = "" if isinstance(err, Cancelled) else "[bold red]error:[/] "
+            err_console.print(f"{prefix}{err.message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(err.exit_code) from None
+        except KeyboardInterrupt as err:
+            terminated = isinstance(err, Terminated)
+            err_console.print("terminated" if terminated else "interrupted")
+            raise typer.Exit(TERMINATED_EXIT_CODE if terminated else 130) from None
+        except BrokenPipeError:
+            # the reader of stdout went away (``| head``): stop quietly, as tools that SIGPIPE ends do
+            _drop_stdout()
+            raise typer.Exit(BROKEN_PIPE_EXIT_CODE) from None
+        except OSError as err:
+            raise typer.Exit(output_not_written(err)) from None
+
+    return wrapper
+
+
+def output_not_written(err: OSError) -> int:
+    """Say in one line that stdout could not be written (a full disk, a quota) and return the exit code.
+
+    Raises:
+        OSError: ``err`` again when it is another error.
+    """
+    if err.errno not in _OUTPUT_FULL:
+        raise err
+    _drop_stdout()
+    err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
+                      "elsewhere, then run again", highlight=False, soft_wrap=True)
+    return OUTPUT_ERROR_EXIT_CODE
