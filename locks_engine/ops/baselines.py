@@ -44,6 +44,31 @@ def oracle_scores(
     return mask_incomplete(scores, seq_lens, page_size)
 
 
+def oracle_scores_by_row(
+    q: Tensor, k_cache: Tensor, block_table: Tensor, seq_lens: Tensor, page_size: int, scale: float | None = None
+) -> Tensor:
+    """``oracle_scores`` one sequence at a time, over the block-table columns its tokens reach: the keys held at
+    once are one sequence's, not ``S`` times the table's width (the backend's ``oracle`` selection, where the
+    table spans ``max_model_len``). Reads ``seq_lens`` on the host: not for CUDA graphs.
+
+    Args:
+        q (Tensor): `[S, HQ, D]`; k_cache (Tensor): `[num_blocks, block_size, H, D]`;
+        block_table (Tensor): `[S, max_blocks]`; seq_lens (Tensor): `[S]` tokens; page_size (int): B.
+    Returns:
+        Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``, ``-inf`` for incomplete pages.
+    """
+    block_size = k_cache.shape[1]
+    pmax = block_table.shape[1] * (block_size // page_size)
+    scores = torch.full((q.shape[0], q.shape[1], pmax), float("-inf"), device=q.device)
+    for row, tokens in enumerate(seq_lens.tolist()):
+        width = min(-(-tokens // block_size), block_table.shape[1])
+        if tokens // page_size:
+            rows = slice(row, row + 1)
+            part = oracle_scores(q[rows], k_cache, block_table[rows, :width], seq_lens[rows], page_size, scale)
+            scores[row, :, : part.shape[-1]] = part[0]
+    return scores
+
+
 def quest_scores(
     q: Tensor, store: QuestSummaries, block_table: Tensor, seq_lens: Tensor, page_size: int, block_size: int,
     scale: float | None = None,

@@ -23,7 +23,6 @@ from vllm.v1.attention.backend import (
 )
 
 from locks_engine.config import LocksConfig
-from locks_engine.ops import summary_bytes
 from locks_engine.ops.superpages import SUPERPAGE_PAGES, completed_superpages
 from locks_engine.stats import StatsRing, run_id
 from locks_engine.vllm_backend import compat, hooks
@@ -33,7 +32,7 @@ from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.impl import LocksAttentionImpl
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows
-from locks_engine.vllm_backend.step_stats import StepStats
+from locks_engine.vllm_backend.step_stats import StepStats, scan_bytes
 
 
 class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
@@ -51,10 +50,14 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        """None on CPU (plain torch ops sync with the host), nor with a hook whose ``cuda_graphs`` is False.
-        Statistics keep the graphs: on CUDA they are counted on the device (``device_stats``)."""
+        """None on CPU (plain torch ops sync with the host), nor with a hook whose ``cuda_graphs`` is False, nor
+        with the ``oracle`` selection (its exact scores are plain torch over every key, one sequence at a time: a
+        graph would hold every captured batch size's keys in fp32 outside vLLM's memory profile; as a quality
+        reference it may run eagerly). vLLM then runs attention eagerly between its piecewise graphs. Statistics
+        keep the graphs: on CUDA they are counted on the device (``device_stats``)."""
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
-        if compat.on_cpu() or not hooks.graph_safe(hooks.hook_classes(extra)):
+        eager = locks_config(extra).selection == "oracle" or not hooks.graph_safe(hooks.hook_classes(extra))
+        if compat.on_cpu() or eager:
             return AttentionCGSupport.NEVER
         return cls._cudagraph_support
 
@@ -104,8 +107,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         )
         ring.set_layers(total, locks)
         cfg = self.cfg
-        summary, kv = summary_bytes(cfg.page_size, cfg.rank, spec.head_size, cfg.summary_format, spec.dtype)
-        summary = 0 if cfg.dense else summary
+        kv, summary = scan_bytes(cfg, spec.head_size, spec.dtype)
         if self.on_cuda:
             max_num_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 0) or 256)
             return DeviceStepStats(ring, kv, summary, layer_names, spec.num_kv_heads, max_num_seqs, self.device)
@@ -133,7 +135,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         if self._no_superpages is None:
             self._no_superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long, device=self.device)
         superpages = self._no_superpages  # decode-only steps on CUDA: built on the device (``cuda.py``)
-        if self.cfg.selection == "two-level" and not self.cfg.dense and ids.numel():
+        if self.cfg.selection == "two-level" and self.cfg.summarized and ids.numel():
             superpages = completed_superpages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged],
                                               block_table[paged], self.cfg.page_size, self.block_size)
             superpages = superpages.to(self.device, non_blocking=True)

@@ -3,7 +3,9 @@ plain-torch stages of ``locks_engine.ops`` over vLLM's CPU cache layouts (``comp
 
 Decode reads the sequence lengths on the host: it scores, selects and gathers over the block-table columns that
 the longest row reaches (``used_blocks``), and reads every page unscored when that costs fewer bytes
-(``ops.select.reads_every_page`` with the longest row's pages).
+(``ops.select.reads_every_page`` with the longest row's pages). The ``oracle`` selection scores from the keys
+themselves (``ops.baselines.oracle_scores_by_row``; from a copy of the used blocks' keys on the ``amx`` layout,
+``copied_keys``) and reads every page unscored exactly where LOCKS would.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from locks_engine.config import LocksConfig
 from locks_engine.ops import (
     QuestSummaries,
     attend_selected_pages,
     build_page_summaries,
+    oracle_scores_by_row,
     quest_scores,
     score_pages,
     select_pages,
@@ -99,16 +103,17 @@ class CpuPath:
     def select(self, q: Tensor, kv_cache: Tensor, selection: Selection, meta: LocksMetadata
                ) -> tuple[Tensor, Tensor, bool, Tensor]:
         """Score and select for the decode rows (paper Sections 3.2-3.3; ``ops.superpages`` for the two-level
-        scan; Quest's bound for the ``quest`` formats), or every page where that reads fewer bytes.
+        scan; Quest's bound for the ``quest`` formats; the exact page log-sum-exp for the ``oracle``), or every
+        page where that reads fewer bytes.
 
         Args:
             q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
-            selection (Selection): the layer's summaries (None with ``cfg.dense``) and scan.
+            selection (Selection): the layer's summaries (None without ``cfg.summarized``) and scan.
         Returns:
             tuple[Tensor, Tensor, bool, Tensor]: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused
             slots, trailing all-padding slots dropped), the block table `[S, W]` it indexes (the used columns),
             whether every page is read unscored, and the page summaries scanned per KV head (fp32 scalar,
-            ``ops.superpages.scanned_summaries``' units).
+            ``ops.superpages.scanned_summaries``' units; the ``oracle``: the complete pages whose keys it read).
         """
         cfg, rows = meta.cfg, q.shape[0]
         block_size = kv_cache.shape[2]
@@ -126,11 +131,23 @@ class CpuPath:
                                                self.num_kv_heads, cfg, selection.candidates, block_size, self.scale)
             scanned = scanned_summaries(pages, seq_lens, cfg.page_size, coarse_fraction(cfg, self.head_size))
         else:
-            score = quest_scores if isinstance(store, QuestSummaries) else score_pages
-            scores = score(q, store, block_table, seq_lens, cfg.page_size, block_size, self.scale)
+            scores = self._scores(q, kv_cache, store, block_table, seq_lens, cfg)
             selected = select_pages(scores, seq_lens, self.num_kv_heads, cfg)
             scanned = (seq_lens.long() // cfg.page_size).sum(dtype=torch.float32)
         return trim_selected(selected), block_table, every, scanned
+
+    def _scores(self, q: Tensor, kv_cache: Tensor, store: PageSummaries | None, block_table: Tensor, seq_lens: Tensor,
+                cfg: LocksConfig) -> Tensor:
+        """fp32 `[S, HQ, Pmax]` log masses of the complete pages: estimated from the summaries (LOCKS' Eq. 2,
+        Quest's bound), or exact from the keys with the ``oracle`` selection."""
+        if cfg.selection == "oracle":
+            if self.amx(kv_cache):
+                k_cache, block_table = copied_keys(kv_cache, self.head_size, "amx", block_table, cfg.page_size)
+            else:
+                k_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)[0]
+            return oracle_scores_by_row(q, k_cache, block_table, seq_lens, cfg.page_size, self.scale)
+        score = quest_scores if isinstance(store, QuestSummaries) else score_pages
+        return score(q, store, block_table, seq_lens, cfg.page_size, kv_cache.shape[2], self.scale)
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> None:
@@ -154,6 +171,25 @@ class CpuPath:
     def _read_pages(self, kv_cache: Tensor, blocks: Tensor, heads: Tensor, pages: Tensor, meta: LocksMetadata):
         """K and V `[..., B, D]` of whole pages of an ``amx`` cache (``compat.read_cpu_pages``)."""
         return compat.read_cpu_pages(kv_cache, self.head_size, "amx", blocks, heads, pages, meta.cfg.page_size)
+
+
+def copied_keys(kv_cache: Tensor, head_size: int, isa: str, block_table: Tensor, page_size: int
+                ) -> tuple[Tensor, Tensor]:
+    """K of the blocks that ``block_table`` `[S, W]` names, copied out of a CPU cache `[num_blocks, H, block_size,
+    2*D]` laid out for ``isa`` (``compat.read_cpu_pages``; for ``amx``, which no strided view describes).
+
+    Returns:
+        tuple[Tensor, Tensor]: the keys `[S * W, block_size, H, D]` and the block table `[S, W]` that addresses
+        them as ``block_table`` addressed the cache.
+    """
+    seqs, width = block_table.shape
+    heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
+    blocks = block_table.long().view(seqs, width, 1, 1)
+    pages = torch.arange(block_size // page_size).view(1, 1, 1, -1)
+    keys = compat.read_cpu_pages(kv_cache, head_size, isa, blocks, torch.arange(heads).view(1, 1, -1, 1), pages,
+                                 page_size)[0]  # [S, W, H, ppb, B, D]
+    keys = keys.permute(0, 1, 3, 4, 2, 5).reshape(seqs * width, block_size, heads, head_size)
+    return keys, torch.arange(seqs * width).view(seqs, width)
 
 
 def longest_pages(seq_lens: Tensor, page_size: int) -> int:

@@ -6,6 +6,11 @@ Decode launches fixed grids and never waits for the host, so a full CUDA graph c
 decode token completes is summarized on the device (``build_completed_page_summaries`` checks
 ``seq_len % B == 0`` there), the block table is the runner's persistent full-width buffer, and whether every
 page is read is decided from ``Pmax``, the pages that buffer spans (static from step to step).
+
+The ``oracle`` selection is the exception: its exact page scores are plain torch over every key
+(``ops.baselines.oracle_scores_by_row``: one sequence at a time, the lengths read on the host), so the builder
+declares no CUDA-graph support for it and vLLM runs attention eagerly (``builder.get_cudagraph_support``); Triton's
+``select_pages`` and ``sparse_paged_attention`` then run as for LOCKS, on scores of the same shape.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 from torch import Tensor
 
 from locks_engine.config import LocksConfig
+from locks_engine.ops.baselines import oracle_scores_by_row
 from locks_engine.ops.select import reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction
@@ -90,11 +96,13 @@ class CudaPath:
                ) -> tuple[Tensor, Tensor, bool, Tensor | None]:
         """The first half of ``locks_kernels``' decode step (``select_step``): summarize the page (and superpage)
         each decode token completed, score every page or, two-level, the chosen superpages' pages, select (paper
-        Sections 3.1-3.3); every page unscored where ``reads_every_page`` says so for ``Pmax`` pages.
+        Sections 3.1-3.3); every page unscored where ``reads_every_page`` says so for ``Pmax`` pages. The
+        ``oracle`` selection (eager only) scores every complete page from its keys instead (``_oracle_select``).
 
         Args:
             q (Tensor): `[S, HQ, D]` the decode rows' queries (rows ``[0, S)`` of the step).
-            selection (Selection): the layer's summaries (updated in place; None with ``cfg.dense``) and scan.
+            selection (Selection): the layer's summaries (updated in place; None without ``cfg.summarized``) and
+                scan.
         Returns:
             tuple: ``selected`` int64 `[S, H, K]` (pages ascending, ``-1`` in unused slots), the block table
             `[S, W]` it indexes, whether every page is read unscored, and for a two-level scan
@@ -107,6 +115,8 @@ class CudaPath:
         seq_lens, block_table = meta.seq_lens[:rows], meta.block_table[:rows]
         pmax = block_table.shape[1] * (kv_cache.shape[2] // cfg.page_size)
         every = reads_every_page(cfg, pmax, summary_fraction(cfg, self.head_size, kv_cache.dtype))
+        if cfg.selection == "oracle" and not every:
+            return self._oracle_select(q, kv_cache, block_table, seq_lens, cfg), block_table, every, None
         selected, chosen = select_step(
             q, self.views(kv_cache)[0], block_table, seq_lens,
             None if selection.store is None else selection.store.colwise8(),
@@ -115,6 +125,18 @@ class CudaPath:
         )
         scanned = None if chosen is None else (chosen.shape[-1], coarse_fraction(cfg, self.head_size))
         return selected, block_table, every, scanned
+
+    def _oracle_select(self, q: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor, cfg: LocksConfig
+                       ) -> Tensor:
+        """The ``oracle`` selection: the exact log mass `[S, HQ, Pmax]` of every complete page from its keys
+        (plain torch, host syncs: eager only), then Triton's ``select_pages`` as for LOCKS' estimates.
+        Returns ``selected`` int64 `[S, H, min(K, Pmax)]`."""
+        from locks_kernels import select_pages
+
+        k_cache = self.views(kv_cache)[0]
+        scores = oracle_scores_by_row(q, k_cache, block_table, seq_lens, cfg.page_size, self.scale)
+        return select_pages(scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages,
+                            cfg.recent_pages)
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> None:

@@ -41,7 +41,8 @@ class DeviceStepStats:
     Args:
         ring (StatsRing): where finished steps go.
         page_bytes (int): K+V bytes of one page of one KV head.
-        summary_page_bytes (int): bytes of one page summary of one KV head (0 when none are read).
+        summary_page_bytes (int): bytes read to score one page of one KV head: its summary, its K for the
+            ``oracle`` (0 when none are read; ``step_stats.scan_bytes``).
         layer_names (list[str]): the group's LOCKS layers, in model order (the last one closes the step).
         num_kv_heads (int): H. max_num_seqs (int): most decode rows of a step (vLLM's ``max_num_seqs``).
         device (torch.device): the KV cache's device.

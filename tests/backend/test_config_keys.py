@@ -22,6 +22,7 @@ GOOD = {
     "some_settings": {"locks": {"budget": 512, "summary_format": "float"}, "locks_stats_path": "run/stats.bin"},
     "hooks": {"locks_hooks": ["package.module:Hook"]},
     "two_level": {"locks": {"selection": "two-level", "candidates": [4, 0, 8]}},
+    "oracle": {"locks": {"selection": "oracle", "budget": 2048}},
     "vllm_keys_left_alone": {"gdn_prefill_backend": "auto", "anything": [1, 2]},
 }
 
@@ -31,7 +32,7 @@ BAD = {
     "float_rank": ({"locks": {"rank": 4.0}}, r'^additional_config\["locks"\]: LocksConfig\.rank=4\.0'),
     "dense_string": ({"locks": {"dense": "true"}}, r"LocksConfig\.dense='true': allowed True or False"),
     "format": ({"locks": {"summary_format": "int2"}}, r"summary_format='int2': allowed float, paper"),
-    "selection": ({"locks": {"selection": "tree"}}, r"selection='tree': allowed flat, two-level"),
+    "selection": ({"locks": {"selection": "tree"}}, r"selection='tree': allowed flat, two-level, oracle"),
     "candidates": ({"locks": {"selection": "two-level", "candidates": [4, -1]}},
                    r"LocksConfig\.candidates=\(4, -1\): allowed a non-empty list of integers >= 0"),
     "not_an_object": ({"locks": 512}, r'^additional_config\["locks"\]=512: allowed a JSON object .*budget'),

@@ -33,7 +33,8 @@ from tests.support.paths import REPO as ROOT
     ("locks:100%", Setting("locks", percent=100.0), "locks:100%"),
     ("locks:5%:quest4", Setting("locks", percent=5.0, selection="quest4"), "locks:5%:quest4"),
     ("locks:2048:quest", Setting("locks", budget=2048, selection="quest"), "locks:2048:quest"),
-], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all", "quest4", "quest"])
+    ("locks:2048:Oracle", Setting("locks", budget=2048, selection="oracle"), "locks:2048:oracle"),
+], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all", "quest4", "quest", "oracle"])
 def test_parse_setting(text, setting, name):
     assert parse_setting(text) == setting
     assert parse_setting(text).name == name
@@ -41,7 +42,8 @@ def test_parse_setting(text, setting, name):
 
 @pytest.mark.parametrize("text", ["locks", "locks:", "locks:0", "locks:-16", "locks:abc", "locks:0%", "locks:150%",
                                   "locks:nan%", "locks:inf%", "quest:5%", "sparse", "locks:2048tokens",
-                                  "locks:5%:quest3", "locks:5%:quest4:c=4"])
+                                  "locks:5%:quest3", "locks:5%:quest4:c=4", "locks:5%:oracles", "dense:oracle",
+                                  "locks:2048:oracle:c=4"])
 def test_parse_setting_refuses_with_one_line(text):
     with pytest.raises(RulerError) as err:
         parse_setting(text)
@@ -409,3 +411,15 @@ def test_a_quest_setting_is_the_flat_scan_over_quest_bounds_at_the_same_budget()
     assert quest.summary_format == "quest4" and quest.selection == "flat"
     assert quest.budget == locks.budget == 208
     assert parse_setting("locks:5%:quest4").candidates == ()
+
+
+def test_an_oracle_setting_is_the_exact_lse_oracle_at_the_same_budget():
+    oracle = ruler.locks_settings(parse_setting("locks:5%:oracle"), 8192)
+    locks = ruler.locks_settings(parse_setting("locks:5%"), 8192)
+    assert oracle.selection == "oracle" and locks.selection == "flat"
+    assert oracle.budget == locks.budget == 26 * 16
+    assert oracle.summary_format == locks.summary_format and oracle.sink_pages == locks.sink_pages
+    assert parse_setting("locks:2048:oracle").candidates == ()
+    args = ruler.model_args("/m", parse_setting("locks:2048:oracle"), 16384, cuda=True, sizes=ruler.EngineSizes())
+    assert args["attention_backend"] == "CUSTOM" and args["additional_config"]["locks"]["selection"] == "oracle"
+    check_settings(args["additional_config"])

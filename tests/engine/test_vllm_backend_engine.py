@@ -131,6 +131,31 @@ def two_level(model_dir, tmp_path_factory):
     return outputs, path
 
 
+@pytest.fixture(scope="module")
+def oracle(model_dir, tmp_path_factory):
+    """The exact-LSE oracle (``selection="oracle"``) at 128 tokens (8 pages): the short prompt's pages all fit,
+    the long one's (~70 pages) are ranked by their exact mass, in one batch."""
+    path = tmp_path_factory.mktemp("oracle") / "stats.bin"
+    extra = {"locks": LocksConfig(budget=128, selection="oracle").to_dict(), "locks_stats_path": str(path)}
+    outputs = generate(model_dir, extra, [LONG, SHORT])
+    return outputs, StatsRing(path).latest(GEN_TOKENS + 4)
+
+
+def test_the_oracle_answers_as_dense_within_its_budget_and_reads_every_key(reference, oracle):
+    outputs, records = oracle
+    assert tokens(outputs)[1] == tokens(reference)[0]  # the short prompt: every page read
+    assert len(outputs[0].outputs[0].token_ids) == GEN_TOKENS
+    decodes = [r for r in records if r["num_decodes"] == 2]
+    assert decodes, "no decode step with both sequences"
+    for record in decodes:
+        long_len, short_len = int(record["row_seq_len"][0]), int(record["row_seq_len"][1])
+        assert record["row_pages_read"][0] == 30 * 3 * 8 < record["row_pages_total"][0]
+        # the scores read every complete page's K (half its K+V), attention the selected pages' K+V
+        assert record["summaries_read"] == 30 * 3 * (long_len // 16 + short_len // 16)
+        page = record["bytes_dense"] // record["pages_total"]
+        assert record["bytes_read"] == record["pages_read"] * page + record["summaries_read"] * page // 2
+
+
 def test_two_level_selection_scans_fewer_summaries_and_reads_only_its_pages(two_level):
     outputs, path = two_level
     ring = require_locks(path)

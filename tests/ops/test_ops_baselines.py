@@ -1,5 +1,6 @@
 """Baseline selectors: Quest's bound holds, the window reads the newest pages, the shared basis is sized fairly."""
 
+import pytest
 import torch
 
 from locks_engine import LocksConfig
@@ -9,6 +10,7 @@ from locks_engine.ops import (
     build_shared_basis_summaries,
     fit_shared_basis,
     oracle_scores,
+    oracle_scores_by_row,
     quest_scores,
     score_pages,
     select_pages,
@@ -37,6 +39,23 @@ def test_quest_score_bounds_the_exact_page_lse():
     assert torch.equal(torch.isfinite(bound), complete)
     # fp16 min/max rounding can move the bound by a hair
     assert (bound[complete] >= exact[complete] - 1e-2).all()
+
+
+@pytest.mark.parametrize("seq_lens, groups", [
+    ([1], 1), ([16], 4), ([200, 77], 4), ([0, 33, 511], 7), ([15, 16, 17], 1),
+], ids=["one_token", "one_page", "two_rows", "empty_row_gqa7", "around_a_page"])
+def test_oracle_by_row_is_the_oracle(seq_lens: list[int], groups: int):
+    """One sequence at a time over the columns it reaches: the same scores in the full table's width."""
+    sc = make_scenario(seq_lens, num_kv_heads=2, groups=groups, head_dim=32, seed=len(seq_lens), key_offset=2.0)
+    # two unused columns past the longest row, as vLLM's table spans max_model_len
+    table = torch.cat([sc.block_table, torch.zeros(len(seq_lens), 2, dtype=torch.int32)], dim=1)
+    exact = oracle_scores(sc.q, sc.k_cache, table, sc.seq_lens, sc.page_size)
+    rows = oracle_scores_by_row(sc.q, sc.k_cache, table, sc.seq_lens, sc.page_size)
+    assert rows.shape == exact.shape == (len(seq_lens), 2 * groups, table.shape[1] * 2)
+    complete = torch.isfinite(exact)
+    assert torch.equal(torch.isfinite(rows), complete) and complete.any() == any(n >= 16 for n in seq_lens)
+    if complete.any():
+        assert_close("oracle by row", exact[complete], rows[complete], 1e-6)
 
 
 def test_window_selects_sink_and_newest_pages():
