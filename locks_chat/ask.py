@@ -12,9 +12,11 @@ from locks_chat.citations import CitationCheck, check_citations
 from locks_chat.engine_client import ChatEngine
 from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
+from locks_chat.loop_guard import FINISH_REASON, STOPPED_TEXT, AnswerGuard
 from locks_chat.prompt import Prompt, build_prompt
 from locks_chat.reading import ReadingLog, StepReading
 from locks_chat.signals import Terminated, hold_further_interrupts
+from locks_engine.sampling import GREEDY, Sampling
 
 
 @dataclass
@@ -34,6 +36,11 @@ class AskResult:
     """prompt tokens served from the engine's prefix cache (not prefilled again); ``None``: not reported"""
     dtype: str | None = None
     """the dtype the model ran in (the engine's choice on the CPU: float32 where the CPU has no native bf16)"""
+    sampling: Sampling = GREEDY
+    """how the answer's tokens were drawn"""
+    stopped: str | None = None
+    """why the app stopped the answer before the engine ended it (``the answer repeated itself``: the loop guard,
+    :mod:`locks_chat.loop_guard`; :attr:`answer` then ends after the loop's first occurrence), else ``None``"""
 
     def to_json(self, document: Document) -> dict[str, Any]:
         return {
@@ -41,6 +48,7 @@ class AskResult:
             "citations": self.citations,
             "proposed_page": self.check.proposed,
             "citation_check": self.check.text,
+            "stopped": self.stopped,
             "warnings": list(document.warnings),
             "document": {"source": document.source, "title": document.title, "pages": len(document.pages),
                          "page_kind": document.page_kind.description},
@@ -52,6 +60,7 @@ class AskResult:
                 "tpot_ms": self.tpot_ms,
                 "finish_reason": self.finish_reason,
                 "dtype": self.dtype,
+                "sampling": self.sampling.to_json(),
                 **self.reading.summary(),
             },
         }
@@ -180,19 +189,29 @@ def ask(
     on_text: Callable[[str], None] | None = None,
     on_step: Callable[[StepReading], None] | None = None,
     cancel: threading.Event | None = None,
+    sampling: Sampling = GREEDY,
 ) -> AskResult:
     """Answer ``questions[-1]`` about ``document`` (earlier turns: ``questions[:-1]`` with ``answers``).
 
+    The answer's words are watched by a :class:`~locks_chat.loop_guard.AnswerGuard` as they stream: when it
+    starts repeating itself, ``cancel`` is set (a new event when ``None``), so the engine aborts the
+    request as it does for Esc and Ctrl+C, and the result says so (:attr:`AskResult.stopped`, finish reason
+    ``repetition``), its answer kept through the loop's first occurrence (``on_text`` has had the repeats).
+
+    Args:
+        sampling (Sampling): how the engine draws tokens (``locks_engine.sampling``); default greedy.
     Raises:
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
         in the engine). TerminatedError: SIGTERM (``locks_chat.signals``; the request is aborted too).
     """
     prompt = fitting_prompt(engine, document, questions, answers, max_tokens)
+    cancel = cancel if cancel is not None else threading.Event()
     parts: list[str] = []
+    guard = AnswerGuard()
     log = ReadingLog()
     first_s = last_s = None
     generated, reason, cached = 0, None, None
-    events = engine.stream(prompt.token_ids, max_tokens, cancel)
+    events = engine.stream(prompt.token_ids, max_tokens, cancel, sampling=sampling)
     try:
         for event in events:
             for record in event.stats:
@@ -206,6 +225,8 @@ def ask(
                 parts.append(event.text)
                 if on_text is not None:
                     on_text(event.text)
+                if guard.loop is None and guard.feed(event.text) is not None:
+                    cancel.set()  # the engine aborts the request before its next step
             reason = event.finish_reason or reason
             hit = getattr(event, "cached_tokens", None)  # engines that do not report it leave None
             cached = cached if hit is None else hit
@@ -216,20 +237,23 @@ def ask(
         hold_further_interrupts()
         raise Cancelled("interrupted: the request was aborted") from err
     except Exception as err:
-        if type(err).__name__ == "GenerationCancelled":
+        if type(err).__name__ != "GenerationCancelled":
+            raise
+        if guard.loop is None:
             raise Cancelled("cancelled: the request was aborted") from err
-        raise
     finally:
         # a failure here, not in the engine (stdout's pipe closed under ``on_text``), leaves the stream
         # suspended: closing it aborts the request now, while the engine is still open
         close = getattr(events, "close", None)
         if close is not None:
             close()
-    answer = "".join(parts)
+    answer, stopped = "".join(parts), None
+    if guard.loop is not None:
+        answer, reason, stopped = guard.kept(), FINISH_REASON, STOPPED_TEXT
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
     check = check_citations(answer, document)
     return AskResult(
         answer, check.citations, len(prompt.token_ids), generated,
         first_s * 1000 if first_s is not None else None, tpot, reason, log, check, cached,
-        getattr(engine, "dtype", None),
+        getattr(engine, "dtype", None), sampling, stopped,
     )

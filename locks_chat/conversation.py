@@ -84,7 +84,7 @@ class Conversation:
     def answer(
         self, engine: Any, document: Document, question: str, max_tokens: int, attention: Attention,
         on_text: Callable[[str], None] | None = None, on_step: Callable[[Any], None] | None = None,
-        cancel: threading.Event | None = None, live: bool = False,
+        cancel: threading.Event | None = None, live: bool = False, sampling: Any = None,
     ) -> Any:
         """:func:`locks_chat.ask.ask` with :attr:`history`, saving the turn.
 
@@ -95,6 +95,7 @@ class Conversation:
 
         Args:
             attention (Attention): the engine's setting, kept in the turn's statistics.
+            sampling (Sampling | None): how tokens are drawn (kept in the statistics too); ``None``: greedy.
         Returns:
             AskResult: the answer and its statistics.
         Raises:
@@ -102,6 +103,7 @@ class Conversation:
             ContextError: the question does not fit even without earlier turns. EngineError: the engine failed.
         """
         from locks_chat.ask import ask
+        from locks_engine.sampling import GREEDY
 
         parts: list[str] = []
         turn_id = self.store.begin_turn(self.live_session(document).id, question) if live else None
@@ -120,7 +122,7 @@ class Conversation:
         try:
             result = self._trimmed(lambda turns: ask(
                 engine, document, [t.question for t in turns] + [question], [t.answer for t in turns], max_tokens,
-                text, on_step, cancel,
+                text, on_step, cancel, sampling or GREEDY,
             ))
         except Cancelled:
             self.save(turn_id, question, document, "".join(parts), "cancelled",

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from locks_chat import errors
 from locks_chat.errors import EngineError
+from locks_engine.sampling import GREEDY, Sampling
 
 
 class ChatEngine(Protocol):
@@ -22,13 +23,17 @@ class ChatEngine(Protocol):
 
     tokenizer: Any
     max_context: int
+    model_sampling: Sampling
+    """the model's own sampling defaults (``generation_config.json``); an engine without the attribute: greedy"""
 
     def stream(
-        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None
+        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None,
+        sampling: Sampling = GREEDY,
     ) -> Iterator[Any]:
         """Yield ``StreamEvent``-like objects (``text``, ``num_tokens``, ``finished``, ``elapsed_s``,
-        ``stats``, and optionally ``cached_tokens``: prompt tokens served from the prefix cache); raise
-        ``GenerationCancelled``-named exceptions when ``cancel`` is set."""
+        ``stats``, and optionally ``cached_tokens``: prompt tokens served from the prefix cache), drawing tokens
+        as ``sampling`` says (a ``Sampling``); raise ``GenerationCancelled``-named exceptions when ``cancel`` is
+        set."""
 
     def close(self) -> None: ...
 

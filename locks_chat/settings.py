@@ -16,7 +16,9 @@ from typing import Any
 
 from locks_chat.errors import LocksChatError
 from locks_chat.paths import settings_path
+from locks_chat.sampling import SAMPLING_KEYS
 from locks_engine.config import LocksConfig
+from locks_engine.sampling import refusal
 
 LOCKS_DEFAULTS = LocksConfig()
 """the engine's LOCKS defaults: those of the settings and of the command line's options"""
@@ -45,6 +47,16 @@ class Settings:
     kv_cache_gib: float | None = None
     """KV cache size in GiB; ``None``: on a GPU vLLM's share of its memory (the page summaries reserved), on the
     CPU 1 GiB."""
+    temperature: float | None = None
+    """Sampling temperature (0: greedy); ``None``: the model's (``generation_config.json``), else greedy."""
+    top_p: float | None = None
+    """Nucleus sampling's probability mass, in (0, 1]; ``None``: the model's."""
+    top_k: int | None = None
+    """Only the k most likely tokens (0: off); ``None``: the model's."""
+    repetition_penalty: float | None = None
+    """Penalty on tokens already in the prompt or answer (1: off); ``None``: the model's."""
+    seed: int | None = None
+    """Seed of sampled answers; ``None``: ``locks_engine.sampling.DEFAULT_SEED``."""
     locks: LocksConfig = field(init=False, repr=False, compare=False)
     """the engine's LOCKS configuration of ``budget``, ``rank`` and ``dense`` (:func:`locks_config`), built with
     the settings: they are refused together"""
@@ -55,6 +67,10 @@ class Settings:
     def with_overrides(self, **values: Any) -> "Settings":
         """A copy with the values that are not ``None`` replaced (command-line options)."""
         return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """The sampling values set (``locks_chat.sampling.SAMPLING_KEYS``), for ``Sampling.merged``."""
+        return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
 
 
 def locks_config(budget: int, rank: int, dense: bool, name_prefix: str = "") -> LocksConfig:
@@ -126,6 +142,8 @@ def _allowed(key: str, value: Any) -> str | None:
         return None if ok else f"a number of GiB, at least {MIN_KV_CACHE_GIB}"
     if key == "context":
         return None if number and isinstance(value, int) and value >= MIN_CONTEXT else f"tokens, at least {MIN_CONTEXT}"
+    if key in SAMPLING_KEYS:
+        return refusal(key, value)
     return None if number and isinstance(value, int) and value > 0 else "a whole number above 0"
 
 

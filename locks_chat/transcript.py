@@ -8,7 +8,9 @@ from pathlib import Path
 
 from locks_chat.attention import attention_text
 from locks_chat.errors import LocksChatError, escape_breaks
+from locks_chat.loop_guard import FINISH_REASON, STOPPED_TEXT
 from locks_chat.paths import data_dir
+from locks_chat.sampling import sampling_text
 from locks_chat.sessions import SessionInfo, Turn
 
 _STATUS_NOTE = {
@@ -41,7 +43,16 @@ def turn_stats_text(stats: dict) -> str:
         parts.append(f"read {stats['kv_pages_read_fraction']:.0%} of KV pages")
     if attention := attention_text(stats):
         parts.append(attention)
+    if sampling := sampling_text(stats.get("sampling"), "short"):
+        parts.append(sampling)
     return " · ".join(parts)
+
+
+def stopped_text(stats: dict) -> str:
+    """``stopped: the answer repeated itself`` for a turn the loop guard stopped (``locks_chat.loop_guard``), else
+    ``""``."""
+    stopped = stats.get("finish_reason") == FINISH_REASON
+    return f"stopped: {STOPPED_TEXT}" if stopped else ""
 
 
 #: control characters but line feed and tab: in a transcript printed to a terminal they would be obeyed (an escape
@@ -65,6 +76,8 @@ def render_transcript(session: SessionInfo, turns: list[Turn]) -> str:
                   ""]
         if turn.status in _STATUS_NOTE:
             lines += [_STATUS_NOTE[turn.status], ""]
+        elif stopped := stopped_text(turn.stats):
+            lines += [f"*({stopped})*", ""]
         if turn.citations:
             lines += [f"Cited: {citation_text(turn.citations)}", ""]
         if turn.stats:

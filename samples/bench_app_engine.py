@@ -33,6 +33,7 @@ from locks_bench.e2e import SHAPES, model_config, parse_ints, selection_settings
 from locks_bench.engines import run_engine_process
 from locks_bench.probes import install_probes, kv_cache_bytes, read_probes
 from locks_bench.results import header
+from locks_engine.sampling import GREEDY
 
 CONFIGS = ("flash", "locks", "locks-nostats", "locks-2l")
 
@@ -40,7 +41,7 @@ CONFIGS = ("flash", "locks", "locks-nostats", "locks-2l")
 def timed(engine, prompt: list[int], tokens: int) -> tuple[float, list[dict]]:
     """Seconds to generate ``tokens`` tokens after ``prompt`` (EOS ignored), and the statistics records."""
     start, records = time.perf_counter(), []
-    for event in engine.stream(prompt, tokens, ignore_eos=True):
+    for event in engine.stream(prompt, tokens, sampling=GREEDY, ignore_eos=True):
         records += event.stats
     return time.perf_counter() - start, records
 

@@ -30,8 +30,9 @@ QUESTIONS = ("In which year was the light on Gull Rock automated?", "Who was the
 def answer(engine, document, questions: list[str], answers: list[str], label: str, max_tokens: int) -> dict:
     """One answer's figures (``ttft_ms`` in ms, token counts)."""
     from locks_chat.ask import ask
+    from locks_engine.sampling import GREEDY
 
-    result = ask(engine, document, questions, answers, max_tokens=max_tokens)
+    result = ask(engine, document, questions, answers, max_tokens=max_tokens, sampling=GREEDY)
     row = {"turn": label, "prompt_tokens": result.prompt_tokens, "cached_prompt_tokens": result.cached_tokens,
            "prefilled_tokens": result.reading.prefill_tokens, "ttft_ms": round(result.ttft_ms or 0, 1),
            "answer": result.answer}

@@ -29,6 +29,7 @@ from locks_bench.needle import carrier, haystack_trials, merge_results, summariz
 from locks_bench.results import header as result_header
 from locks_bench.results import read_prose
 from locks_engine import LocksConfig
+from locks_engine.sampling import GREEDY
 
 def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: float, log) -> list[dict]:
     from locks_engine.engine import EngineOptions, LocksEngine
@@ -46,7 +47,7 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
         for trial in trials:
             t0 = time.perf_counter()
             text, records, ttft = "", [], None
-            for event in engine.stream(trial["ids"], args.max_tokens):
+            for event in engine.stream(trial["ids"], args.max_tokens, sampling=GREEDY):
                 text += event.text
                 records += event.stats
                 if ttft is None and event.num_tokens:

@@ -18,6 +18,7 @@ from pathlib import Path
 from locks_bench.needle import ANSWER, INTRO, KEYS, NEEDLE, QUESTION, carrier
 from locks_bench.results import header, read_prose, write_result
 from locks_engine import LocksConfig
+from locks_engine.sampling import GREEDY
 
 
 def haystack(tokenizer, book_ids: list[int], context: int, depths: list[float], rng: random.Random) -> tuple[str, list]:
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
                 for turn, (key, value) in enumerate(needles):
                     ids, (prompt, offsets) = turn_prompt(tokenizer, text, asked, key)
                     answer, records = "", []
-                    for event in engine.stream(ids, args.max_tokens):
+                    for event in engine.stream(ids, args.max_tokens, sampling=GREEDY):
                         answer += event.text
                         records += event.stats
                     shares, anys = carrier(records, value_tokens(prompt, offsets, value), cfg.page_size)

@@ -67,13 +67,20 @@ def ask_command(
     json_out: opt.Json = False,
     continue_last: opt.Continue = False,
     session: opt.SessionId = None,
+    temperature: opt.Temperature = None,
+    top_p: opt.TopP = None,
+    top_k: opt.TopK = None,
+    repetition_penalty: opt.RepetitionPenalty = None,
+    seed: opt.Seed = None,
 ) -> None:
     """Ask one question about a document; the answer streams to stdout with page citations.
 
     The question and answer are saved as a session (locks-chat sessions list), shared with the chat app;
-    --continue or --session N follows up on one, with its earlier turns in the prompt.
+    --continue or --session N follows up on one, with its earlier turns in the prompt. Sampling is the model's
+    own (its generation_config.json; greedy where it gives none) unless --temperature and the like are given;
+    an answer that starts repeating itself is stopped.
     """
-    from locks_chat.cli.ask import AskOptions, run_ask
+    from locks_chat.cli.ask import AskOptions, run_ask, sampling_given
     from locks_chat.cli.followup import FollowUp
     from locks_chat.settings import locks_config
 
@@ -82,6 +89,8 @@ def ask_command(
         doc=doc, question=question, locks=locks_config(budget, rank, dense, name_prefix="--"), pages=pages,
         password=password, model=model, max_tokens=max_tokens, context=context, kv_cache_gib=kv_cache_gib,
         json_out=json_out, follow=follow,
+        sampling=sampling_given(temperature=temperature, top_p=top_p, top_k=top_k,
+                                repetition_penalty=repetition_penalty, seed=seed),
     )
     run_ask(options, err_console)
 
@@ -101,14 +110,24 @@ def chat_command(
     context: opt.ContextLength = None,
     kv_cache_gib: opt.KvCacheGib = None,
     new: opt.NewSession = False,
+    temperature: opt.Temperature = None,
+    top_p: opt.TopP = None,
+    top_k: opt.TopK = None,
+    repetition_penalty: opt.RepetitionPenalty = None,
+    seed: opt.Seed = None,
 ) -> None:
     """Chat with a document in the terminal app, watching which pages LOCKS reads (the default command).
 
-    Options not given come from the settings file, which /budget, /rank and /dense update.
+    Options not given come from the settings file, which /budget, /rank and /dense update; sampling options not
+    given there either are the model's own (its generation_config.json), else greedy.
     """
     from locks_chat.cli.chat import run_chat
 
-    run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new, kv_cache_gib)
+    from locks_chat.cli.ask import sampling_given
+
+    run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new, kv_cache_gib,
+             sampling_given(temperature=temperature, top_p=top_p, top_k=top_k,
+                            repetition_penalty=repetition_penalty, seed=seed))
 
 
 sessions_app = typer.Typer(no_args_is_help=True,

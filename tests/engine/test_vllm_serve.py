@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
 
 from locks_engine.config import LocksConfig  # noqa: E402
+from locks_engine.sampling import GREEDY  # noqa: E402
 from locks_engine.stats import require_locks  # noqa: E402
 from locks_engine.vllm_backend.plugin import OVERRIDE_ENV  # noqa: E402
 from tests.support.paths import REPO as REPO_ROOT
@@ -149,7 +150,7 @@ def test_served_completion_is_locks_engine_greedy_answer(model_dir, tmp_path):
 
     engine = LocksEngine(EngineOptions(model=model_dir, locks=LOCKS, max_model_len=MAX_MODEL_LEN, seed=0))
     try:
-        events = list(engine.stream(prompt_ids, MAX_TOKENS, temperature=0.0))
+        events = list(engine.stream(prompt_ids, MAX_TOKENS, sampling=GREEDY))
     finally:
         engine.close()
     text = "".join(e.text for e in events)

@@ -66,10 +66,12 @@ def cached_prefix(prompt: list[int], earlier: list[list[int]], block: int) -> in
 class FakeEngine:
     """Streams ``answer`` word by word; each step reads KV pages ``bins_per_step[i]``. With ``prefix_block``,
     events report the prompt tokens a prefix cache of that block size would serve from this engine's earlier
-    prompts (``cached_tokens``); without it they report none (``None``), as an engine that does not say."""
+    prompts (``cached_tokens``); without it they report none (``None``), as an engine that does not say.
+    ``model_sampling`` is the model's sampling defaults it reports (``None``: no such attribute, as an engine that
+    does not say); the sampling each request was given is kept in ``samplings``."""
 
     def __init__(self, answer="It is BLUE (p. 2).", max_context=100_000, bins_per_step=None, fail=None,
-                 prefix_block=None):
+                 prefix_block=None, model_sampling=None):
         self.tokenizer = WordTokenizer()
         self.max_context = max_context
         self.answer = answer
@@ -79,8 +81,15 @@ class FakeEngine:
         self.prompts: list[list[int]] = []
         self.aborted = 0
         self.closed = False
+        self.samplings: list = []
+        self.streamed: list[int] = []
+        """the words each request streamed before it ended or was aborted"""
+        if model_sampling is not None:
+            self.model_sampling = model_sampling
 
-    def stream(self, prompt_ids, max_tokens, cancel: threading.Event | None = None):
+    def stream(self, prompt_ids, max_tokens, cancel: threading.Event | None = None, sampling=None):
+        self.samplings.append(sampling)
+        self.streamed.append(0)
         cached = None if self.prefix_block is None else cached_prefix(prompt_ids, self.prompts, self.prefix_block)
         self.prompts.append(list(prompt_ids))
         words = re.findall(r"\S+\s*", self.answer)[:max_tokens]
@@ -93,6 +102,7 @@ class FakeEngine:
                 bins = self.bins_per_step[i % len(self.bins_per_step)]
                 record = step_record(len(prompt_ids) + i, bins)
                 done = i == len(words) - 1
+                self.streamed[-1] = i + 1
                 yield Event(word, i + 1, done, "stop" if done else None, 0.5 + 0.01 * i, [record], cached)
         except BaseException:
             self.aborted += 1
@@ -100,3 +110,14 @@ class FakeEngine:
 
     def close(self):
         self.closed = True
+
+
+LOOP_FIRST = "The light on Gull Rock was automated in 1987."
+LOOP_SPAN = "The light on the two chimneys was automated in 1987."
+
+
+def looping_engine(times: int = 60, **kwargs) -> FakeEngine:
+    """A :class:`FakeEngine` whose answer falls into a loop, as the built-in model did on the lighthouse question:
+    :data:`LOOP_FIRST` (9 words), then :data:`LOOP_SPAN` (10) ``times`` times, longer than any ``max_tokens`` the
+    tests give; the two sentences end alike (" was automated in 1987.", the first's last 4 words)."""
+    return FakeEngine(answer=" ".join([LOOP_FIRST] + [LOOP_SPAN] * times), **kwargs)

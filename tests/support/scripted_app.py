@@ -33,8 +33,8 @@ class PacedEngine(FakeEngine):
         super().__init__(answer=ANSWER, bins_per_step=DRIFT)
         self.step_s = step_s
 
-    def stream(self, prompt_ids, max_tokens, cancel=None):
-        for event in super().stream(prompt_ids, max_tokens, cancel):
+    def stream(self, prompt_ids, max_tokens, cancel=None, sampling=None):
+        for event in super().stream(prompt_ids, max_tokens, cancel, sampling):
             time.sleep(self.step_s)
             yield event
 

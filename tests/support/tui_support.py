@@ -48,7 +48,8 @@ class GatedEngine(FakeEngine):
                 self.aborted += 1
                 raise GenerationCancelled("cancelled")
 
-    def stream(self, prompt_ids, max_tokens, cancel=None):
+    def stream(self, prompt_ids, max_tokens, cancel=None, sampling=None):
+        self.samplings.append(sampling)
         self.prompts.append(list(prompt_ids))
         self.in_prefill.set()
         self._wait(lambda: self.prefill_done.wait(0.01), cancel)

@@ -36,7 +36,7 @@ from locks_chat.errors import (
 from locks_chat.ingest import Document
 from locks_chat.reading import StepReading
 from locks_chat.settings import Settings
-from locks_chat.transcript import turn_stats_text
+from locks_chat.transcript import stopped_text, turn_stats_text
 from locks_chat.tui.background import Abandoned, abandonable
 from locks_chat.tui.book_chat import BookChat
 from locks_chat.tui.commands import is_command, parse_command
@@ -380,9 +380,11 @@ class ChatScreen(Screen):
         await self._drain()
         saved = self.chat.turns[-1] if len(self.chat.turns) > self.turns_before else None
         citations, stats = (saved.citations, saved.stats) if saved is not None else ([], {})
+        stopped = stopped_text(stats)
         if self.turn is not None:
             await self.turn.finish(message.status, citations, turn_stats_text(stats) or escape(message.error),
-                                   stats.get("citation_check", ""))
+                                   stats.get("citation_check", ""), stopped,
+                                   saved.answer if saved is not None and stopped else None)
         self.cancel, self.turn = None, None
         self.panels.progress.end("answer")
         prompt = self.query_one(PromptInput)
@@ -395,6 +397,8 @@ class ChatScreen(Screen):
                 prompt.cursor_position = len(prompt.value)
         elif message.status == "cancelled":
             self.notify("Answer stopped; the partial answer is kept, marked as cancelled")
+        elif stopped:
+            self.notify("Answer stopped: it repeated itself; kept up to the first repeat", severity="warning")
         notice = self.chat.take_notice()
         if notice:
             self.notify(notice, severity="warning", timeout=15)

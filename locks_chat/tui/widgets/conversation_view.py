@@ -6,7 +6,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
 from locks_chat.sessions import Turn
-from locks_chat.transcript import turn_stats_text
+from locks_chat.transcript import stopped_text, turn_stats_text
 from locks_chat.tui.widgets.turn_view import TurnView
 
 
@@ -30,7 +30,7 @@ class ConversationView(VerticalScroll):
         for turn in turns:
             view = await self.add_turn(turn.question, turn.answer)
             await view.finish(turn.status, turn.citations, turn_stats_text(turn.stats),
-                              turn.stats.get("citation_check", ""))
+                              turn.stats.get("citation_check", ""), stopped_text(turn.stats))
 
     async def add_note(self, markdown: str) -> None:
         """Append a note in Markdown (not part of the conversation the model sees)."""

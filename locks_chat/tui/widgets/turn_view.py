@@ -4,6 +4,7 @@ what the answer says, and a footer gives citations and numbers."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.markup import escape
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
@@ -54,13 +55,26 @@ class TurnView(Vertical):
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write(delta)
 
-    async def finish(self, status: str, citations: list[dict], stats_line: str = "", check: str = "") -> None:
+    async def finish(self, status: str, citations: list[dict], stats_line: str = "", check: str = "",
+                     stopped: str = "", answer: str | None = None) -> None:
         """End the stream and show the turn's footer: its status, cited pages and statistics; ``check`` is the
-        citation check's line (:attr:`locks_chat.citations.CitationCheck.text`), shown under the answer."""
+        citation check's line (:attr:`locks_chat.citations.CitationCheck.text`), shown under the answer.
+
+        Args:
+            stopped (str): why the app stopped the answer (``stopped: the answer repeated itself``), said first.
+            answer (str | None): the answer as saved, shown instead of what streamed when it differs (an answer
+                the loop guard cut after the loop's first occurrence).
+        """
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        if answer is not None and answer != self.answer:
+            self.answer = answer
+            await self.query_one(Markdown).update(answer)
         parts = [_STATUS[status]] if status in _STATUS else []
+        if stopped:
+            head, _, reason = stopped.partition(": ")
+            parts.insert(0, f"[b $warning]{head}[/]: {escape(reason)}" if reason else escape(stopped))
         if citations:
             parts.append(f"cited: [b]{citation_text(citations)}[/]")
         if stats_line:

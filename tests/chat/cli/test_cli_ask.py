@@ -313,7 +313,7 @@ def test_a_one_token_answer_has_no_decode_step_figures(book, engine, monkeypatch
     """The one token comes from the prefill: no TPOT, no pages-read figures (JSON null), "1 token"."""
     from tests.support.fakes import Event
 
-    def prefill_only(prompt_ids, max_tokens, cancel=None):
+    def prefill_only(prompt_ids, max_tokens, cancel=None, sampling=None):
         yield Event("BLUE", 1, True, "length", 0.5, [])  # no decode step recorded
 
     monkeypatch.setattr(engine, "stream", prefill_only)

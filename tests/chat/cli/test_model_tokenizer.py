@@ -59,9 +59,9 @@ def test_what_only_the_engine_can_tell_is_left_to_it(tmp_path, make):
 
 
 def test_hub_ids_and_a_model_still_to_convert_are_left_to_the_engine(monkeypatch):
-    from locks_engine import models
+    from locks_engine import gguf_convert, models
 
-    monkeypatch.setattr(models, "_convert_into", lambda *a: pytest.fail("converted"))
+    monkeypatch.setattr(gguf_convert, "_convert_into", lambda *a: pytest.fail("converted"))
     monkeypatch.setattr(models.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     assert open_tokenizer("org/model", None) is None
     assert open_tokenizer(None, None, convert=False) is None

@@ -27,7 +27,7 @@ def ask(chat: BookChat, question: str, cancel: threading.Event | None = None):
 
 
 def test_earlier_turns_that_do_not_fit_are_left_out_oldest_first(tmp_path):
-    engine = FakeEngine(answer=" ".join(["word"] * 150))
+    engine = FakeEngine(answer=" ".join(f"w{i}" for i in range(150)))  # not one word 150 times: a loop
     chat = opened(tmp_path, engine, max_tokens=160)
     ask(chat, "First?")
     alone = len(engine.prompts[-1])

@@ -294,8 +294,8 @@ class FastEngine(FakeEngine):
         super().__init__(answer=" ".join(f"w{i}" for i in range(words)), bins_per_step=[[7, 8], [30, 31], [45]])
         self.step_s = step_s
 
-    def stream(self, prompt_ids, max_tokens, cancel=None):
-        for event in super().stream(prompt_ids, max_tokens, cancel):
+    def stream(self, prompt_ids, max_tokens, cancel=None, sampling=None):
+        for event in super().stream(prompt_ids, max_tokens, cancel, sampling):
             time.sleep(self.step_s)
             yield event
 

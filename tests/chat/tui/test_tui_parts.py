@@ -13,6 +13,7 @@ from locks_chat.tui.meter import MeteredEngine, summary_bytes_resident
 from locks_chat.tui.stats_table import stats_markdown
 from locks_chat.tui.widgets.memory_panel import human_bytes
 from locks_chat.tui.widgets.progress_panel import bar, eta_text
+from locks_engine.sampling import Sampling
 from tests.support.fakes import FakeEngine, WordTokenizer, step_record
 from tests.support.tui_support import write_book
 
@@ -65,7 +66,7 @@ def test_meter_reports_prefill_then_decode_bytes():
     record["bytes_read"] = 6 * 4096 + 42 * 400
     prefill = step_record(100, []) | {"num_decodes": 0, "num_prefill_tokens": 64}
     engine = FakeEngine(answer="a b")
-    engine.stream = lambda ids, n, cancel=None: iter([
+    engine.stream = lambda ids, n, cancel=None, sampling=None: iter([
         type("E", (), dict(text="", num_tokens=0, elapsed_s=1.0, stats=[prefill]))(),
         type("E", (), dict(text="a ", num_tokens=1, elapsed_s=2.0, stats=[record]))(),
     ])
@@ -86,7 +87,7 @@ def test_meter_passes_events_through_to_ask(tmp_path):
 @pytest.mark.parametrize("saved_by", ["numbers", "older_text"])
 def test_stats_table_compares_locks_and_dense(saved_by):
     """Turns keep the attention setting's numbers; those of sessions saved before kept its text (``mode``)."""
-    def turn(mode, tpot, read):
+    def turn(mode, tpot, read, sampling=None):
         pages = [{"page": "3", "steps": 2}, {"page": "7", "steps": 9}]
         numbers = {"LOCKS budget 512, rank 8": {"dense": False, "budget": 512, "rank": 8},
                    "dense": {"dense": True, "budget": 2048, "rank": 8}}[mode]
@@ -94,12 +95,15 @@ def test_stats_table_compares_locks_and_dense(saved_by):
         return Turn(1, "q", "a", "done", [], {
             **setting, "generated_tokens": 10, "ttft_ms": 900.0, "tpot_ms": tpot, "decode_steps": 10,
             "kv_pages_read_fraction": read, "kv_bytes_read": 1e6 * read, "kv_bytes_dense": 1e6,
-            "document_pages_read": pages,
+            "document_pages_read": pages, **({"sampling": sampling} if sampling else {}),
         })
 
-    text = stats_markdown([turn("LOCKS budget 512, rank 8", 90.0, 0.25), turn("dense", 120.0, 1.0),
+    sampled = Sampling(temperature=0.7, top_p=0.8, source="model").to_json()
+    text = stats_markdown([turn("LOCKS budget 512, rank 8", 90.0, 0.25), turn("dense", 120.0, 1.0, sampled),
                            Turn(3, "q", "", "cancelled", [], {})])
     assert "| 1 | LOCKS 512/r8 | 10 | 0.9 s | 90 ms | 25% | 7, 3 |" in text
+    # a turn saved before the sampling was kept says none
+    assert text.endswith("\n- sampling **T 0.7, top-p 0.8 (the model's)**: answer 2")
     assert "- **dense**: 1 answers, mean TPOT 120 ms, KV bytes read 100% of dense (100.0 kB of 100.0 kB" in text
     assert stats_markdown([]).endswith("no answer yet in this session.")
 

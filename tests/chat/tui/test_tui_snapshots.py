@@ -6,10 +6,11 @@ SVGs under ``tests/chat/tui/__snapshots__/`` before committing them.
 
 import pytest
 
+from locks_chat.settings import Settings
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
 from locks_chat.tui.widgets.prompt_input import PromptInput
-from tests.support.fakes import FakeEngine
+from tests.support.fakes import FakeEngine, looping_engine
 from tests.support.scripted_app import ANSWER as DRIFT_ANSWER, DRIFT
 from tests.chat.tui.test_tui_chat import chat_screen, ready
 from tests.support.tui_support import Factory, until, write_book
@@ -84,3 +85,9 @@ def stepped_back(question: str, tokens: int):
 @pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda size: f"{size[0]}x{size[1]}")
 def test_heat_map_of_a_long_answer_stepped_back(snap_compare, drifting_app, size):
     assert snap_compare(drifting_app, terminal_size=size, run_before=stepped_back("Tell me about the coast.", 12))
+
+
+def test_an_answer_that_repeated_itself(snap_compare, tmp_path):
+    """Cut after the loop's first occurrence, with the reason first in its footer."""
+    app = build_app(write_book(tmp_path), ChatOptions(Settings(max_tokens=512)), Factory(looping_engine()))
+    assert snap_compare(app, terminal_size=SIZE, run_before=typed("Who automated the light?"))
