@@ -115,3 +115,11 @@ def test_check_exits_1_on_a_stale_file(tmp_path):
     (results / "2026-01-07_cpu_0000000").mkdir()
     stale = subprocess.run([*args, "--check"], capture_output=True, text=True)
     assert stale.returncode == 1 and "INDEX.md differs" in stale.stderr
+
+
+def test_the_hand_kept_ruler_tables_close_benchmarks_md(tmp_path):
+    assert "## RULER" not in benchmarks_md(tmp_path)
+    (tmp_path / "RULER.md").write_text("| length | mean |\n|---|---|\n| 4K dense | 68.1 |\n")
+    text = benchmarks_md(tmp_path)
+    assert text.index("## RULER") > text.index("## Headline")
+    assert text.rstrip().endswith("| 4K dense | 68.1 |")
