@@ -1,6 +1,6 @@
 """Which model the engine loads: a built-in model, a local Hugging Face directory, or a hub id.
 
-The built-in models (``locks_engine.builtin_models``: ``smollm2``, the default, 8K context; ``qwen0.5b``, 32K) ship
+The built-in models (``locks_engine.builtin_models``: ``qwen0.5b``, the default, 32K context; ``smollm2``, 8K) ship
 as GGUFs inside registry packages and are converted once (``locks_engine.gguf_convert``) into a cache directory
 the caller chooses (``cache_dir``; the app passes one under its user directory), by default the platform's user
 cache directory:

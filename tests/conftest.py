@@ -59,11 +59,12 @@ def hub_settings_restored(monkeypatch):
 
 @pytest.fixture(scope="module")
 def model_dir():
-    """The built-in model's local directory (converted on first use); skips the module when unavailable."""
+    """The built-in SmolLM2-135M's local directory (converted on first use): the tests' real model, small and fast
+    (the app's default, ``qwen0.5b``, is five times its size); skips the module when unavailable."""
     from locks_engine.models import ModelError, resolve_model
 
     try:
-        return str(resolve_model(None))
+        return str(resolve_model("smollm2"))
     except ModelError as err:
         pytest.skip(f"built-in model unavailable: {err}")
 

