@@ -48,6 +48,7 @@ class AskResult:
             "citations": self.citations,
             "proposed_page": self.check.proposed,
             "citation_check": self.check.text,
+            "supported": self.check.supported,
             "stopped": self.stopped,
             "warnings": list(document.warnings),
             "document": {"source": document.source, "title": document.title, "pages": len(document.pages),
@@ -251,7 +252,7 @@ def ask(
     if guard.loop is not None:
         answer, reason, stopped = guard.kept(), FINISH_REASON, STOPPED_TEXT
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
-    check = check_citations(answer, document)
+    check = check_citations(answer, document, questions[-1])
     return AskResult(
         answer, check.citations, len(prompt.token_ids), generated,
         first_s * 1000 if first_s is not None else None, tpot, reason, log, check, cached,

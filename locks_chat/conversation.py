@@ -132,7 +132,8 @@ class Conversation:
             if live:
                 self.save(turn_id, question, document, "".join(parts), "failed")
             raise
-        stats = {**result.to_json(document)["stats"], "attention": attention.to_json()}
+        stats = {**result.to_json(document)["stats"], "attention": attention.to_json(),
+                 "supported": result.check.supported}
         if live:
             stats["citation_check"] = result.check.text
         self.save(turn_id, question, document, result.answer, "done", result.citations, stats)

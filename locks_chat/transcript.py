@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from locks_chat.attention import attention_text
+from locks_chat.citations import UNSUPPORTED_TEXT
 from locks_chat.errors import LocksChatError, escape_breaks
 from locks_chat.loop_guard import FINISH_REASON, STOPPED_TEXT
 from locks_chat.paths import data_dir
@@ -74,6 +75,8 @@ def render_transcript(session: SessionInfo, turns: list[Turn]) -> str:
     for number, turn in enumerate(turns, 1):
         lines += [f"## Q{number}. {escape_breaks(turn.question)}", "", printable(turn.answer.strip()) or "*(no answer)*",
                   ""]
+        if turn.stats.get("supported") is False:
+            lines += [f"**{UNSUPPORTED_TEXT}**", ""]
         if turn.status in _STATUS_NOTE:
             lines += [_STATUS_NOTE[turn.status], ""]
         elif stopped := stopped_text(turn.stats):

@@ -75,7 +75,7 @@ def run_ask(options: AskOptions, console: Console) -> None:
     the question and answer are saved as a turn of it (or of a new session).
     """
     from locks_chat.attention import Attention
-    from locks_chat.citations import report_check
+    from locks_chat.citations import UNSUPPORTED_TEXT, report_check
     from locks_chat.cli.followup import cache_note, conversation_json, open_conversation, read_input, session_note
     from locks_chat.engine_client import open_engine, open_tokenizer
     from locks_chat.ingest import rich_progress
@@ -127,6 +127,8 @@ def run_ask(options: AskOptions, console: Console) -> None:
         print(json.dumps({**result.to_json(document), "session": conversation_json(conversation)}, indent=2))
         return
     print()
+    if result.check.supported is False:
+        print(UNSUPPORTED_TEXT, flush=True)  # on stdout, with the answer: a reader of the answer alone sees it
     report_check(console, result.check)
     summary = result.reading.summary()
     steps = summary["decode_steps"]

@@ -384,7 +384,8 @@ class ChatScreen(Screen):
         if self.turn is not None:
             await self.turn.finish(message.status, citations, turn_stats_text(stats) or escape(message.error),
                                    stats.get("citation_check", ""), stopped,
-                                   saved.answer if saved is not None and stopped else None)
+                                   saved.answer if saved is not None and stopped else None,
+                                   stats.get("supported"))
         self.cancel, self.turn = None, None
         self.panels.progress.end("answer")
         prompt = self.query_one(PromptInput)
