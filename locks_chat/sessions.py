@@ -62,6 +62,8 @@ class SessionStoreError(LocksChatError):
     """A sessions database that cannot be read (not a database, corrupt, another program's) or cannot be
     created or written (a read-only or missing data directory, a full disk, a lock held too long)."""
 
+    kind = "sessions"
+
 
 _UNREADABLE = ("NOTADB", "CORRUPT")
 _UNWRITABLE = ("CANTOPEN", "READONLY", "IOERR", "PERM", "FULL", "AUTH", "NOLFS")
