@@ -67,7 +67,7 @@ def test_answer_streams_to_stdout_and_stats_to_stderr(book, engine):
     result = runner.invoke(app, ["ask", str(book), "What is the password?"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("The password is BLUE (p. 1).")
-    assert "TPOT" in result.stderr and "document pages read: 1" in result.stderr
+    assert "TPOT" in result.stderr and "most-read document pages: p. 1 100%" in result.stderr
     assert engine.closed
 
 
