@@ -146,20 +146,22 @@ def sessions_list(json_out: opt.JsonList = False) -> None:
 
 @sessions_app.command("show", epilog="Example: locks-chat sessions show 3 > transcript.md")
 @one_line_errors
-def sessions_show(session_id: Annotated[int, typer.Argument(help="Session id (see sessions list).")]) -> None:
+def sessions_show(session: Annotated[int, typer.Argument(help="Session id (see sessions list).")]) -> None:
     """Print a conversation as Markdown, with page citations."""
     from locks_chat.cli.sessions import show_session
 
-    show_session(session_id)
+    show_session(session)
 
 
 @sessions_app.command("delete", epilog="Example: locks-chat sessions delete 3 4")
 @one_line_errors
-def sessions_delete(session_ids: Annotated[list[int], typer.Argument(help="Session ids (see sessions list).")]) -> None:
+def sessions_delete(
+    sessions: Annotated[list[int], typer.Argument(help="Session ids (see sessions list).")],
+) -> None:
     """Delete conversations."""
     from locks_chat.cli.sessions import delete_sessions
 
-    delete_sessions(session_ids, err_console)
+    delete_sessions(sessions, err_console)
 
 
 def with_default_command(args: list[str]) -> list[str]:
