@@ -233,7 +233,7 @@ def ask(
             cached = cached if hit is None else hit
     except Terminated as err:
         hold_further_interrupts()  # the stop is under way: a second signal must not cut it short
-        raise TerminatedError("terminated: the request was aborted") from err
+        raise TerminatedError(f"{err.word}: the request was aborted", err.exit_code) from err
     except KeyboardInterrupt as err:
         hold_further_interrupts()
         raise Cancelled("interrupted: the request was aborted") from err

@@ -136,7 +136,13 @@ class Cancelled(LocksChatError):
 
 
 class TerminatedError(Cancelled):
-    """SIGTERM stopped the app; the request was aborted in the engine (exit code 143, 128 + SIGTERM)."""
+    """SIGTERM stopped the app; the request was aborted in the engine (exit code 143, 128 + SIGTERM; a SIGHUP,
+    129, passes ``exit_code``)."""
 
     exit_code = 143
     kind = "terminated"
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

@@ -18,7 +18,7 @@ from rich.console import Console
 from locks_chat.cli import options as opt
 from locks_chat.cli.exits import err_console, one_line_errors, output_not_written, print_error_json
 from locks_chat.settings import LOCKS_DEFAULTS
-from locks_chat.signals import TERMINATED_EXIT_CODE, Terminated, raise_on_sigterm
+from locks_chat.signals import Terminated, raise_on_sigterm
 
 app = typer.Typer(
     add_completion=False,
@@ -205,11 +205,11 @@ def main() -> None:
     except typer.Abort as err:
         # click turns a KeyboardInterrupt outside the commands' own handling into Abort
         terminated = isinstance(err.__cause__, Terminated)
-        err_console.print("terminated" if terminated else "interrupted")
-        code = TERMINATED_EXIT_CODE if terminated else 130
+        word = err.__cause__.word if terminated else "interrupted"
+        err_console.print(word)
+        code = err.__cause__.exit_code if terminated else 130
         if json_out:
-            print_error_json("terminated" if terminated else "interrupted",
-                             "terminated" if terminated else "cancelled", code)
+            print_error_json(word, "terminated" if terminated else "cancelled", code)
     except OSError as err:  # the help or the version could not be written (the commands handle their own)
         code = output_not_written(err)
     finally:

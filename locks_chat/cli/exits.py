@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 
 from locks_chat.errors import Cancelled, LocksChatError, TerminatedError
-from locks_chat.signals import TERMINATED_EXIT_CODE, Terminated, sigterm_received
+from locks_chat.signals import Terminated, sigterm_received
 
 err_console = Console(stderr=True)
 """where the one-line errors go"""
@@ -46,6 +46,14 @@ def _drop_stdout() -> None:
         pass
     finally:
         os.close(devnull)
+
+
+def _print_line(markup: str) -> None:
+    """One line on stderr; nothing when stderr is gone (a SIGHUP: the terminal closed), the exit code still tells."""
+    try:
+        err_console.print(markup, highlight=False, soft_wrap=True)
+    except (OSError, ValueError):
+        pass
 
 
 def print_error_json(message: str, kind: str, exit_code: int) -> None:
@@ -74,17 +82,17 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 err = TerminatedError("terminated: the engine was shut down")
             # a stop the user asked for is no error
             prefix = "" if isinstance(err, Cancelled) else "[bold red]error:[/] "
-            err_console.print(f"{prefix}{err.message}", highlight=False, soft_wrap=True)
+            _print_line(f"{prefix}{err.message}")
             if json_out:
                 print_error_json(err.message, err.kind, err.exit_code)
             raise typer.Exit(err.exit_code) from None
         except KeyboardInterrupt as err:
             terminated = isinstance(err, Terminated)
-            err_console.print("terminated" if terminated else "interrupted")
-            code = TERMINATED_EXIT_CODE if terminated else 130
+            word = err.word if terminated else "interrupted"
+            _print_line(word)
+            code = err.exit_code if terminated else 130
             if json_out:
-                print_error_json("terminated" if terminated else "interrupted",
-                                 "terminated" if terminated else "cancelled", code)
+                print_error_json(word, "terminated" if terminated else "cancelled", code)
             raise typer.Exit(code) from None
         except BrokenPipeError:
             # the reader of stdout went away (``| head``): stop quietly, as tools that SIGPIPE ends do
