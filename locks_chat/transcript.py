@@ -75,12 +75,12 @@ def render_transcript(session: SessionInfo, turns: list[Turn]) -> str:
     for number, turn in enumerate(turns, 1):
         lines += [f"## Q{number}. {escape_breaks(turn.question)}", "", printable(turn.answer.strip()) or "*(no answer)*",
                   ""]
-        if turn.stats.get("supported") is False:
-            lines += [f"**{UNSUPPORTED_TEXT}**", ""]
         if turn.status in _STATUS_NOTE:
             lines += [_STATUS_NOTE[turn.status], ""]
         elif stopped := stopped_text(turn.stats):
             lines += [f"*({stopped})*", ""]
+        if turn.stats.get("supported") is False:
+            lines += [f"**{UNSUPPORTED_TEXT}**", ""]
         if turn.citations:
             lines += [f"Cited: {citation_text(turn.citations)}", ""]
         if turn.stats:
