@@ -33,6 +33,9 @@ from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 
 #: seconds opening a PDF may take before it is refused (:func:`read_pdf`'s ``open_time_limit``)
 OPEN_TIME_LIMIT_S = 30.0
+#: seconds the search for pages of a truncated PDF whose fonts were lost may take, all pages together (it decodes
+#: their content streams: a hostile file's can be large); the pages found by then are named
+FONT_CHECK_LIMIT_S = 2.0
 #: what a truncated PDF's page whose content survives but whose fonts do not is told to have lost
 FONTS_LOST = "its text survives but the fonts needed to read it were in the lost part"
 
@@ -80,7 +83,7 @@ def read_pdf(
         if password is not None and not reader.is_encrypted:
             warnings.append(unused_password_warning(source))
         if salvaged:
-            fonts_lost = [p.number - 1 for p in raw_pages if not p.text and text_without_fonts(reader, p.number - 1)]
+            fonts_lost = _fonts_lost(reader, raw_pages)
     if salvaged:
         lost = [page.number - 1 for page in raw_pages if not page.text and page.number - 1 not in fonts_lost]
         lost_text = f"; {_pages_name(lost, labels)}: no text, possibly lost" if lost else ""
@@ -189,6 +192,23 @@ def _open(data: bytes, source: str, password: str | None):
             f"{source}: not a readable PDF ({reason}); repair it (e.g. qpdf) or pass another file"
         ) from exc
     return reader
+
+
+def _fonts_lost(reader, raw_pages: Sequence[RawPage]) -> list[int]:
+    """0-based indices of the pages without text whose content shows text but whose fonts are gone
+    (:func:`.pdf_problems.text_without_fonts`), searched for at most :data:`FONT_CHECK_LIMIT_S`."""
+    found: list[int] = []
+
+    def search() -> None:
+        for page in raw_pages:
+            if not page.text and text_without_fonts(reader, page.number - 1):
+                found.append(page.number - 1)
+
+    try:
+        call_with_time_limit(search, FONT_CHECK_LIMIT_S)
+    except TimeLimitExceeded:
+        pass
+    return list(found)
 
 
 def _page_labels(reader, source: str) -> list[str]:

@@ -108,3 +108,23 @@ def test_an_empty_printed_label_is_the_physical_page_number(tmp_path):
     document = load_document(write(tmp_path, "labels.pdf", out.getvalue()))
     assert [p.label for p in document.pages] == ["1", "2", "i"]
     assert [p.label for p in load_document(tmp_path / "labels.pdf", pages="2-i").pages] == ["2", "i"]
+
+
+def test_the_search_for_lost_fonts_is_bounded(tmp_path, monkeypatch):
+    """It decodes the content streams of the pages without text, which a hostile file makes large: past its time
+    limit the refusal falls back to the general message."""
+    import time
+
+    import locks_chat.ingest.pdf as pdf
+
+    def slow(reader, index):
+        time.sleep(2)
+        return True
+
+    monkeypatch.setattr(pdf, "FONT_CHECK_LIMIT_S", 0.2)
+    monkeypatch.setattr(pdf, "text_without_fonts", slow)
+    _, cut = fonts_at_the_end([b"The keeper is Ann Marsh."])
+    start = time.monotonic()
+    with pytest.raises(NoTextError, match="no text left in what remains"):
+        load_document(write(tmp_path, "cut.pdf", cut))
+    assert time.monotonic() - start < 1.5
