@@ -34,16 +34,23 @@ class Problem(NamedTuple):
     message: str
 
 
+KEPT_PROBLEMS = 100
+"""distinct messages kept (a hostile file makes pypdf log 100,000 of them; the warnings show three of each kind)"""
+
+
 class PdfProblems:
-    """pypdf's log messages, each once per page, with :attr:`page` set by the caller while it reads a page."""
+    """pypdf's log messages, each once per page, with :attr:`page` set by the caller while it reads a page; the
+    first :data:`KEPT_PROBLEMS` distinct ones are kept, in constant time per message."""
 
     def __init__(self) -> None:
         self.page: int | None = None
         self.items: list[Problem] = []
+        self._seen: set[Problem] = set()
 
     def add(self, message: str) -> None:
         problem = Problem(self.page, message)
-        if problem not in self.items:
+        if len(self.items) < KEPT_PROBLEMS and problem not in self._seen:
+            self._seen.add(problem)
             self.items.append(problem)
 
     @contextlib.contextmanager

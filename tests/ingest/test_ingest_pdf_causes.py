@@ -128,3 +128,20 @@ def test_the_search_for_lost_fonts_is_bounded(tmp_path, monkeypatch):
     with pytest.raises(NoTextError, match="no text left in what remains"):
         load_document(write(tmp_path, "cut.pdf", cut))
     assert time.monotonic() - start < 1.5
+
+
+def test_pypdf_messages_are_kept_once_each_and_at_most_a_hundred():
+    """A hostile file (deeply nested dictionaries) made pypdf log 100,000 distinct messages, each compared with
+    every one kept: 8 s of the fuzzed load's CPU time went there, close to the time limit."""
+    from locks_chat.ingest.pdf_problems import KEPT_PROBLEMS, PdfProblems
+
+    problems = PdfProblems()
+    problems.add("Error reading PDF file.")
+    problems.add("Error reading PDF file.")
+    with problems.reading(0):
+        problems.add("Error reading PDF file.")  # the same message on a page is that page's
+    assert [(p.page, p.message) for p in problems.items] == [(None, "Error reading PDF file."),
+                                                             (0, "Error reading PDF file.")]
+    for n in range(10_000):
+        problems.add(f"Expecting a NameObject for key but found {n}")
+    assert len(problems.items) == KEPT_PROBLEMS == 100
