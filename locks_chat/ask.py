@@ -48,6 +48,7 @@ class AskResult:
             "citations": self.citations,
             "proposed_page": self.check.proposed,
             "citation_check": self.check.text,
+            "supported": self.check.supported,
             "stopped": self.stopped,
             "warnings": list(document.warnings),
             "document": {"source": document.source, "title": document.title, "pages": len(document.pages),
@@ -232,7 +233,7 @@ def ask(
             cached = cached if hit is None else hit
     except Terminated as err:
         hold_further_interrupts()  # the stop is under way: a second signal must not cut it short
-        raise TerminatedError("terminated: the request was aborted") from err
+        raise TerminatedError(f"{err.word}: the request was aborted", err.exit_code) from err
     except KeyboardInterrupt as err:
         hold_further_interrupts()
         raise Cancelled("interrupted: the request was aborted") from err
@@ -251,7 +252,7 @@ def ask(
     if guard.loop is not None:
         answer, reason, stopped = guard.kept(), FINISH_REASON, STOPPED_TEXT
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
-    check = check_citations(answer, document)
+    check = check_citations(answer, document, questions[-1])
     return AskResult(
         answer, check.citations, len(prompt.token_ids), generated,
         first_s * 1000 if first_s is not None else None, tpot, reason, log, check, cached,

@@ -9,7 +9,12 @@ The check, kept simple so a reader can redo it by hand: each citation vouches fo
 sentence; their key items (numbers and quoted spans weigh 3, proper names 2, other words 1; stop words none; see
 :mod:`locks_chat.key_words`) are looked up on the cited page. The page holds the claim when it holds every quoted
 span and at least :data:`VERIFY_SHARE` (60%) of the weight. The end of a page and the start of the next are also
-searched together, for a fact printed across the break.
+searched together, for a fact printed across the break. A citation with nothing before it but stop words (an answer
+that is only ``[p. 16]``) vouches for the question's key words instead. A label the document does not have is
+flagged, with the document's page count when the label lies past its end.
+
+An answer is *supported* (:attr:`CitationCheck.supported`) when every claim it makes is held by some page, and
+unsupported when one is held by none: the reader is told the answer may be the model's invention.
 """
 
 from __future__ import annotations
@@ -68,18 +73,32 @@ class CitationCheck:
     the words the answer gives it; ``False``: it does not; ``None``: the words before the citation are only stop
     words, nothing to check), ``found_on`` (where those words are when the cited page does not hold them:
     ``{"page": label, "physical": n}``, plus ``"through": label`` for a fact that runs onto the next page;
-    ``None`` when no page holds them) and ``score`` (the share of key-item weight on the cited page, 0-1)"""
+    ``None`` when no page holds them) and ``score`` (the share of key-item weight on the cited page, 0-1); a
+    citation checked with the question's key words (nothing but stop words before it) adds ``"checked_with":
+    "question"``"""
     proposed: dict[str, object] | None = None
     """for an answer that cites no page: the best page holding its key words, ``{"page", "physical",
     "found_by": "app", "score"}`` (``"through"`` as in ``found_on``); ``None`` otherwise"""
     nowhere: bool = False
     """the answer cites no page and no page holds its key words"""
+    page_count: int | None = None
+    """pages in the whole source document (``Document.page_count``), to say how far a cited label is past its end"""
+
+    @property
+    def supported(self) -> bool | None:
+        """``False`` when some claim of the answer is held by no page (:attr:`nowhere`, or a citation whose words
+        no page holds), ``True`` when every claim is held by a page, ``None`` when there was nothing to check."""
+        if self.nowhere or any(c["verified"] is False and c["found_on"] is None for c in self.citations):
+            return False
+        if self.proposed is not None or any(c["verified"] is not None for c in self.citations):
+            return True
+        return None
 
     @property
     def text(self) -> str:
         """One line for people: ``p. 1 verified · p. 11 cited; the text is on p. 52``; empty when there is
         nothing to say (no citation and no key word)."""
-        parts = [_verdict(c) for c in self.citations]
+        parts = [_verdict(c, self.page_count) for c in self.citations]
         if self.proposed is not None:
             parts.append(f"no page cited; the app found the text on {_where(self.proposed)}")
         elif self.nowhere:
@@ -104,16 +123,33 @@ def _where(place: dict[str, object]) -> str:
     return where if place["page"] == str(place["physical"]) else f"{where} (page {place['physical']} of the file)"
 
 
-def _verdict(citation: dict[str, object]) -> str:
+UNSUPPORTED_TEXT = ("Not supported by the document: no page holds the answer's key words, so it may be the model's "
+                    "invention; check it before relying on it.")
+"""what the reader is told right under an unsupported answer (:attr:`CitationCheck.supported` ``False``)"""
+
+
+def _outside(label: str, page_count: int | None) -> bool:
+    """Whether a label the selected pages lack names a page past the end of the whole document."""
+    return page_count is not None and label.isdigit() and int(label) > page_count
+
+
+def _verdict(citation: dict[str, object], page_count: int | None = None) -> str:
     cited = f"p. {citation['page']}"
+    by_question = citation.get("checked_with") == "question"
     if citation["verified"]:
-        return f"{cited} verified"
+        return f"{cited} holds the question's key words" if by_question else f"{cited} verified"
     if citation["verified"] is None:
         return f"{cited} not checked (no key words before it)"
-    cited += " cited" if citation["physical"] is not None else " cited (not in the selected pages)"
+    if citation["physical"] is not None:
+        cited += " cited"
+    elif _outside(str(citation["page"]), page_count):
+        cited += f" cited; the document has {page_count} pages"
+    else:
+        cited += " cited (not in the selected pages)"
+    words_of = "the question's key words" if by_question else "the text"
     if citation["found_on"] is not None:
-        return f"{cited}; the text is on {_where(citation['found_on'])}"
-    return f"{cited}; no page holds the answer's key words"
+        return f"{cited}; {words_of} {'are' if by_question else 'is'} on {_where(citation['found_on'])}"
+    return f"{cited}; no page holds {'the question' if by_question else 'the answer'}'s key words"
 
 
 class _PageIndex:
@@ -225,7 +261,7 @@ def _rank(verdict: dict[str, object]) -> tuple[int, float]:
     return {False: 0, True: 1, None: 2}[verdict["verified"]], verdict["score"] or 0.0
 
 
-def check_citations(answer: str, document: Document) -> CitationCheck:
+def check_citations(answer: str, document: Document, question: str | None = None) -> CitationCheck:
     """Check each page an answer cites against the document's text (small models often cite a wrong page).
 
     Each citation marker vouches for the text before it (see :func:`_claims`); that text's key items
@@ -234,11 +270,14 @@ def check_citations(answer: str, document: Document) -> CitationCheck:
     that runs across a page break counts for either page. The cited page is ``verified`` when it holds every
     quoted span and :data:`VERIFY_SHARE` of the items' weight; else ``found_on`` names the page holding the
     most, if that reaches the share. A page cited for several claims is verified when it holds each of them. An answer that
-    cites no page gets the best page holding its key items as ``proposed``.
+    cites no page gets the best page holding its key items as ``proposed``. A citation with only stop words to
+    vouch for (an answer that is just ``[p. 16]``) is checked with the ``question``'s key items instead, and says
+    so (``"checked_with": "question"``).
 
     Args:
         answer (str): the answer text, citations included.
         document (Document): the document it answers; pages without text are never proposed.
+        question (str | None): the question answered; ``None``: such citations stay unchecked.
     Returns:
         CitationCheck: the citations of :func:`find_citations` with ``verified``, ``found_on`` and ``score``.
     """
@@ -246,19 +285,24 @@ def check_citations(answer: str, document: Document) -> CitationCheck:
     markers = list(_markers(answer, document))
     claims = _claims(answer, [(start, end) for start, end, _ in markers])
     entries: dict[str, dict[str, object]] = {}
+    asked = key_items(question) if question else []
     for (_, _, cited), claim in zip(markers, claims):
-        items = key_items(claim)
+        items, extra = key_items(claim), {}
+        if not items and asked:
+            items, extra = asked, {"checked_with": "question"}
         for key, page in cited:
-            verdict = _check(index, items, page)
+            verdict = {**_check(index, items, page), **extra}
             entry = entries.setdefault(key, {"page": key, "physical": page.number if page else None, **verdict})
             if _rank(verdict) < _rank(entry):  # a page cited twice keeps its worse verdict
+                entry.pop("checked_with", None)
                 entry.update(verdict)
     if entries:
-        return CitationCheck(list(entries.values()))
+        return CitationCheck(list(entries.values()), page_count=document.page_count)
     items = key_items(answer)
     if not items:
-        return CitationCheck()
+        return CitationCheck(page_count=document.page_count)
     place, score = index.best(items)
     if place is None:
-        return CitationCheck(nowhere=True)
-    return CitationCheck(proposed={**place, "found_by": "app", "score": round(score, 2)})
+        return CitationCheck(nowhere=True, page_count=document.page_count)
+    return CitationCheck(proposed={**place, "found_by": "app", "score": round(score, 2)},
+                         page_count=document.page_count)

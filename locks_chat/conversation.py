@@ -91,7 +91,7 @@ class Conversation:
         A turn is saved one of two ways. ``live`` (the chat app): written when it starts, saved as it streams,
         ended ``done`` (with the citation check), ``cancelled`` (no statistics) or ``failed``, the history taken
         afresh from :attr:`turns`. Otherwise (``ask``): written once, ``done``, or ``cancelled`` with the
-        attention setting; other failures save nothing.
+        attention setting (a stop, or stdout's reader gone); other failures save nothing.
 
         Args:
             attention (Attention): the engine's setting, kept in the turn's statistics.
@@ -99,7 +99,8 @@ class Conversation:
         Returns:
             AskResult: the answer and its statistics.
         Raises:
-            Cancelled: ``cancel`` was set, Ctrl+C or SIGTERM (re-raised once the partial answer is saved).
+            Cancelled: ``cancel`` was set, Ctrl+C, SIGTERM or SIGHUP (re-raised once the partial answer is saved).
+            BrokenPipeError: ``on_text`` found its reader gone (re-raised once the partial answer is saved).
             ContextError: the question does not fit even without earlier turns. EngineError: the engine failed.
         """
         from locks_chat.ask import ask
@@ -124,7 +125,8 @@ class Conversation:
                 engine, document, [t.question for t in turns] + [question], [t.answer for t in turns], max_tokens,
                 text, on_step, cancel, sampling or GREEDY,
             ))
-        except Cancelled:
+        except (Cancelled, BrokenPipeError):
+            # a stop, or the reader of the streamed answer gone (``ask ... | head``): the answer so far is kept
             self.save(turn_id, question, document, "".join(parts), "cancelled",
                       stats=None if live else {"attention": attention.to_json()})
             raise
@@ -132,7 +134,8 @@ class Conversation:
             if live:
                 self.save(turn_id, question, document, "".join(parts), "failed")
             raise
-        stats = {**result.to_json(document)["stats"], "attention": attention.to_json()}
+        stats = {**result.to_json(document)["stats"], "attention": attention.to_json(),
+                 "supported": result.check.supported}
         if live:
             stats["citation_check"] = result.check.text
         self.save(turn_id, question, document, result.answer, "done", result.citations, stats)

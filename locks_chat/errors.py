@@ -24,6 +24,8 @@ class LocksChatError(Exception):
 
     exit_code: int = 2
     """process exit status the CLI returns for this error (2: bad input)"""
+    kind: str = "bad_input"
+    """what went wrong, for scripts (``--json``'s ``error.kind``): one word per subclass"""
 
     def __init__(self, message: str) -> None:
         message = escape_breaks(message)
@@ -51,17 +53,25 @@ def is_text(text: str) -> bool:
 class DocumentError(LocksChatError):
     """A document that cannot be read: missing, unsupported or malformed."""
 
+    kind = "document"
+
 
 class EncryptedError(DocumentError):
     """An encrypted document that needs a password, or was given a wrong one."""
+
+    kind = "encrypted"
 
 
 class NoTextError(DocumentError):
     """A document, or a selected page range, with no extractable text (scanned)."""
 
+    kind = "no_text"
+
 
 class PageRangeError(LocksChatError):
     """A ``--pages`` selection that is malformed, empty or out of range."""
+
+    kind = "page_range"
 
 
 def exception_reason(exc: BaseException, limit: int = 120) -> str:
@@ -84,9 +94,13 @@ def shorten_reason(text: str, limit: int = 120) -> str:
 class ContextError(LocksChatError):
     """A document (or page range) that does not fit the model's context: never truncated silently."""
 
+    kind = "context"
+
 
 class ModelPathError(LocksChatError):
     """A ``--model`` path that does not exist or is not a model directory (bad input: exit code 2)."""
+
+    kind = "model_path"
 
 
 HOME_ENV = "LOCKS_CHAT_HOME"
@@ -97,6 +111,8 @@ HOME_ENV = "LOCKS_CHAT_HOME"
 class HomeDirError(LocksChatError):
     """A directory locks-chat must write (model cache, engine log, sessions) is read-only or not permitted: the
     user's environment, fixed by making it writable or pointing ``LOCKS_CHAT_HOME`` elsewhere (exit code 2)."""
+
+    kind = "home_dir"
 
     @classmethod
     def unwritable(cls, what: str, path: object, reason: str) -> "HomeDirError":
@@ -109,15 +125,24 @@ class EngineError(LocksChatError):
     """The engine failed to start or to generate (exit code 3)."""
 
     exit_code = 3
+    kind = "engine"
 
 
 class Cancelled(LocksChatError):
     """The user interrupted (Ctrl+C); the request was aborted in the engine (exit code 130)."""
 
     exit_code = 130
+    kind = "cancelled"
 
 
 class TerminatedError(Cancelled):
-    """SIGTERM stopped the app; the request was aborted in the engine (exit code 143, 128 + SIGTERM)."""
+    """SIGTERM stopped the app; the request was aborted in the engine (exit code 143, 128 + SIGTERM; a SIGHUP,
+    129, passes ``exit_code``)."""
 
     exit_code = 143
+    kind = "terminated"
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

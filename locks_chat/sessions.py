@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -26,8 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locks_chat.errors import HOME_ENV, LocksChatError, escape_breaks, exception_reason, is_text
+from locks_chat.errors import HOME_ENV, escape_breaks, exception_reason, is_text
 from locks_chat.paths import data_dir
+from locks_chat.session_errors import LOCKED, SessionStoreError, error_kind, store_error
+
+LOCK_WAIT_S = 10.0
+"""seconds a connection waits for another process's lock on the sessions database before saying so"""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -56,42 +59,6 @@ STATUSES = ("answering", "done", "cancelled", "failed")
 STDIN_PATH = "-"
 """``doc_path`` of a session whose document came from standard input (``locks-chat ask -``): it is found by the
 document's hash alone"""
-
-
-class SessionStoreError(LocksChatError):
-    """A sessions database that cannot be read (not a database, corrupt, another program's) or cannot be
-    created or written (a read-only or missing data directory, a full disk, a lock held too long)."""
-
-
-_UNREADABLE = ("NOTADB", "CORRUPT")
-_UNWRITABLE = ("CANTOPEN", "READONLY", "IOERR", "PERM", "FULL", "AUTH", "NOLFS")
-_LOCKED = ("BUSY", "LOCKED")
-LOCK_WAIT_S = 10.0
-"""seconds a connection waits for another process's lock on the sessions database before saying so"""
-_OTHER_SCHEMA = re.compile(r"no such (table|column)|has no column", re.IGNORECASE)
-"""how SQLite words a database whose tables are not this store's"""
-
-
-def _error_kind(err: sqlite3.Error) -> str:
-    """SQLite's primary result code of ``err`` without its prefix: ``BUSY`` for ``SQLITE_BUSY_SNAPSHOT``."""
-    return (getattr(err, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
-
-
-def _store_error(path: Path, err: sqlite3.Error) -> SessionStoreError | None:
-    """The one-line error for an SQLite failure the user can fix, None for one that is a bug."""
-    kind = _error_kind(err)
-    reason = exception_reason(err)
-    if kind in _UNREADABLE or (kind == "ERROR" and _OTHER_SCHEMA.search(str(err))):
-        return SessionStoreError(
-            f"{path}: not a readable sessions database ({reason}); move it aside to start afresh"
-        )
-    if kind in _LOCKED:
-        return SessionStoreError(f"{path}: the sessions database is locked ({reason}); close other locks-chat "
-                                 "windows and try again")
-    if kind in _UNWRITABLE:
-        return SessionStoreError(f"{path}: cannot open or write the sessions database ({reason}); make "
-                                 f"{path.parent} writable or set {HOME_ENV} to a writable directory")
-    return None
 
 
 @dataclass(frozen=True)
@@ -131,10 +98,20 @@ def file_hash(path: str | Path) -> str:
 
 
 class SessionStore:
-    """The sessions database (``sessions.sqlite`` in the user data directory unless ``path`` is given)."""
+    """The sessions database (``sessions.sqlite`` in the user data directory unless ``path`` is given).
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    ``read_only`` (``sessions list`` and ``show``): the database is opened read-only and nothing is created beside
+    it, so a read-only data folder is read and no ``-wal``/``-shm`` file is left. While no other connection has it
+    open (no ``-wal`` file: SQLite removes it when the last connection closes) it is opened ``immutable``, which
+    takes no lock and needs no shared-memory file; while one has, it is opened ``mode=ro``, reading that
+    connection's WAL through its files (SQLite's URI parameters, https://sqlite.org/uri.html).
+    """
+
+    def __init__(self, path: str | Path | None = None, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else data_dir() / "sessions.sqlite"
+        self.read_only = read_only
+        if read_only:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -148,9 +125,9 @@ class SessionStore:
             db.executescript(SCHEMA)
 
     @classmethod
-    def existing(cls, path: str | Path | None = None) -> SessionStore | None:
+    def existing(cls, path: str | Path | None = None, read_only: bool = False) -> SessionStore | None:
         """The store if its database file exists, else None (for commands that only read or delete: they
-        must not create the file)."""
+        must not create the file); ``read_only``: for commands that only read (see the class)."""
         target = Path(path) if path is not None else data_dir() / "sessions.sqlite"
         try:
             exists = target.is_file()
@@ -159,7 +136,7 @@ class SessionStore:
                 f"{target}: cannot read the sessions database ({err.strerror or exception_reason(err)}); "
                 f"make {target.parent} readable or set {HOME_ENV} to another directory"
             ) from None
-        return cls(target) if exists else None
+        return cls(target, read_only) if exists else None
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -173,7 +150,7 @@ class SessionStore:
             finally:
                 db.close()
         except sqlite3.Error as err:
-            error = _store_error(self.path, err)
+            error = store_error(self.path, err)
             if error is None:
                 raise
             raise error from None
@@ -182,6 +159,8 @@ class SessionStore:
         """A connection in WAL mode with foreign keys on. Switching a new database to WAL needs it alone, and
         SQLite says "locked" at once, without waiting, while another process does the same (two first ``ask``
         runs): that is retried for up to :data:`LOCK_WAIT_S`, as SQLite's own timeout does for the statements."""
+        if self.read_only:
+            return self._connect_read_only()
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             db = sqlite3.connect(self.path, timeout=LOCK_WAIT_S)
@@ -192,9 +171,17 @@ class SessionStore:
                 return db
             except sqlite3.OperationalError as err:
                 db.close()
-                if _error_kind(err) not in _LOCKED or time.monotonic() > deadline:
+                if error_kind(err) not in LOCKED or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A read-only connection that creates no file (see the class)."""
+        from urllib.parse import quote
+
+        in_use = self.path.with_name(self.path.name + "-wal").exists()
+        mode = "mode=ro" if in_use else "mode=ro&immutable=1"
+        return sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?{mode}", uri=True, timeout=LOCK_WAIT_S)
 
     def open_session(
         self, doc_path: str, doc_hash: str, title: str, pages: str | None, new: bool = False

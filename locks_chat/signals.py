@@ -7,7 +7,9 @@ its alternate screen with mouse reporting on. With :func:`raise_on_sigterm` the 
 Ctrl+C (the request aborted in the engine, the engine shut down, the engine start held until vLLM is up) does so
 for SIGTERM too, and the CLI ends with one line and exit code 143 (128 + SIGTERM, what a shell reports for a
 process the signal ended). The chat app, whose main thread runs asyncio's loop, handles it on the loop instead
-(``LocksChatApp``) and quits as Ctrl+Q does.
+(``LocksChatApp``) and quits as Ctrl+Q does. SIGHUP (the terminal closed, an SSH session dropped) does what
+SIGTERM does, with exit code 129 (128 + SIGHUP): the turn in flight is saved; a SIGHUP ignored (``nohup``) stays
+ignored.
 
 While the engine starts, both signals are held (:func:`interrupts_held`): ``locks_chat.engine_client`` wraps the
 start in it. vLLM's child processes, which the terminal's Ctrl+C reaches too, are the engine's to keep quiet
@@ -24,12 +26,30 @@ from collections.abc import Iterator
 
 #: Exit code after a SIGTERM (128 + signal number, as shells report it).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+#: The signals :func:`raise_on_sigterm` turns into :class:`Terminated`: SIGTERM, and SIGHUP (the terminal went away).
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 _received = threading.Event()
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (raised in the main thread by the handler :func:`raise_on_sigterm` installs)."""
+    """SIGTERM or SIGHUP arrived (raised in the main thread by the handler :func:`raise_on_sigterm` installs)."""
+
+    @property
+    def signum(self) -> int:
+        """the signal that arrived (its name is the exception's argument; SIGTERM when none is)"""
+        name = self.args[0] if self.args else ""
+        return int(signal.Signals[name]) if name in signal.Signals.__members__ else int(signal.SIGTERM)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + :attr:`signum`, as shells report a process the signal ended (143 SIGTERM, 129 SIGHUP)"""
+        return 128 + self.signum
+
+    @property
+    def word(self) -> str:
+        """``terminated``, or ``hung up`` for SIGHUP: what the one-line stop message starts with"""
+        return "hung up" if self.signum == signal.SIGHUP else "terminated"
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -38,13 +58,13 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 def raise_on_sigterm() -> None:
-    """Make SIGTERM raise :class:`Terminated` in this process (main thread only; elsewhere a no-op). A SIGTERM
-    that is ignored (``nohup`` does not, but a caller may) stays ignored."""
+    """Make SIGTERM and SIGHUP (:data:`STOPPING_SIGNALS`) raise :class:`Terminated` in this process (main thread
+    only; elsewhere a no-op). A signal that is ignored (``nohup`` ignores SIGHUP) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-        return
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    for signum in STOPPING_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, _raise_terminated)
 
 
 def note_sigterm() -> None:
@@ -57,8 +77,8 @@ def sigterm_received() -> bool:
     return _received.is_set()
 
 
-#: The signals held while the engine starts: Ctrl+C, and SIGTERM (``kill``, ``timeout``, service managers).
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The signals held while the engine starts: Ctrl+C, SIGTERM (``kill``, ``timeout``, service managers) and SIGHUP.
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class HeldSignal:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from locks_chat.attention import attention_text
+from locks_chat.citations import UNSUPPORTED_TEXT
 from locks_chat.errors import LocksChatError, escape_breaks
 from locks_chat.loop_guard import FINISH_REASON, STOPPED_TEXT
 from locks_chat.paths import data_dir
@@ -78,6 +79,8 @@ def render_transcript(session: SessionInfo, turns: list[Turn]) -> str:
             lines += [_STATUS_NOTE[turn.status], ""]
         elif stopped := stopped_text(turn.stats):
             lines += [f"*({stopped})*", ""]
+        if turn.stats.get("supported") is False:
+            lines += [f"**{UNSUPPORTED_TEXT}**", ""]
         if turn.citations:
             lines += [f"Cited: {citation_text(turn.citations)}", ""]
         if turn.stats:

@@ -14,6 +14,7 @@ Importing this module imports no vLLM: constructing an engine does.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import os
 import tempfile
@@ -30,6 +31,9 @@ from locks_engine.platform_args import on_cuda, platform_engine_args
 from locks_engine.processes import ProcessPolicy, apply_policy, children_start_quiet, engine_environment
 from locks_engine.sampling import GREEDY, Sampling, model_sampling
 from locks_engine.stats import dense_step_record, require_locks
+
+SHUTDOWN_TIMEOUT_S = 30.0
+"""seconds vLLM's engine core may take to exit after the SIGTERM of :meth:`LocksEngine.close` before it is killed"""
 
 
 class EngineStartError(RuntimeError):
@@ -315,11 +319,21 @@ class LocksEngine:
             self.llm.step()
 
     def close(self) -> None:
-        """Shut the engine down and remove the statistics file."""
+        """Shut the engine down and remove the statistics file.
+
+        vLLM's engine core gets :data:`SHUTDOWN_TIMEOUT_S` to exit after its SIGTERM, not vLLM's own 5 s (``vllm/
+        v1/utils.py: shutdown``): on a busy machine it ran past them and was killed, which leaves its
+        ``vllm_dist_*`` FileStore file (``vllm/utils/network_utils.py: get_file_store_init_method``) in the
+        temporary folder. It exits as soon as it is done; the wait is only as long as that.
+        """
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            shutdown = getattr(llm, "shutdown", None) or getattr(llm.engine_core, "shutdown", None)
+            core = getattr(llm, "engine_core", None)
+            core_shutdown = getattr(core, "shutdown", None)
+            if core_shutdown is not None and "timeout" in inspect.signature(core_shutdown).parameters:
+                core_shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+            shutdown = getattr(llm, "shutdown", None) or core_shutdown
             if shutdown is not None:
-                shutdown()
+                shutdown()  # after the engine core's own: detaches the engine's finalizer, the rest is done
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 
 from locks_chat.cli import options as opt
-from locks_chat.cli.exits import err_console, one_line_errors, output_not_written
+from locks_chat.cli.exits import err_console, one_line_errors, output_not_written, print_error_json
 from locks_chat.settings import LOCKS_DEFAULTS
-from locks_chat.signals import TERMINATED_EXIT_CODE, Terminated, raise_on_sigterm
+from locks_chat.signals import Terminated, raise_on_sigterm
 
 app = typer.Typer(
     add_completion=False,
@@ -146,20 +146,22 @@ def sessions_list(json_out: opt.JsonList = False) -> None:
 
 @sessions_app.command("show", epilog="Example: locks-chat sessions show 3 > transcript.md")
 @one_line_errors
-def sessions_show(session_id: Annotated[int, typer.Argument(help="Session id (see sessions list).")]) -> None:
+def sessions_show(session: Annotated[int, typer.Argument(help="Session id (see sessions list).")]) -> None:
     """Print a conversation as Markdown, with page citations."""
     from locks_chat.cli.sessions import show_session
 
-    show_session(session_id)
+    show_session(session)
 
 
 @sessions_app.command("delete", epilog="Example: locks-chat sessions delete 3 4")
 @one_line_errors
-def sessions_delete(session_ids: Annotated[list[int], typer.Argument(help="Session ids (see sessions list).")]) -> None:
+def sessions_delete(
+    sessions: Annotated[list[int], typer.Argument(help="Session ids (see sessions list).")],
+) -> None:
     """Delete conversations."""
     from locks_chat.cli.sessions import delete_sessions
 
-    delete_sessions(session_ids, err_console)
+    delete_sessions(sessions, err_console)
 
 
 def with_default_command(args: list[str]) -> list[str]:
@@ -175,7 +177,8 @@ def with_default_command(args: list[str]) -> list[str]:
 
 def main() -> None:
     """Console-script entry point. Usage errors (a bad option value, an unknown option, a missing argument) are
-    one line on stderr too, naming the help to read, with exit code 2; a command group given no command prints
+    one line on stderr too, naming the help to read, with exit code 2 (and with ``--json``, a JSON error object
+    of kind ``usage`` on stdout, ``locks_chat.cli.exits``); a command group given no command prints
     its help (exit code 0). Usage errors are caught through Typer's public ``typer.TyperException``, the base of
     the click exceptions Typer raises (Typer 0.29 carries its own copy of click)."""
     raise_on_sigterm()
@@ -185,6 +188,7 @@ def main() -> None:
         # help and version only print: a closed pipe (``| head``) ends them as it ends other tools (exit 141);
         # Rich would exit 1 on it. Given back after (main also runs inside a test process).
         sigpipe = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    json_out = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         code = app(args=args, prog_name="locks-chat", standalone_mode=False)
         sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
@@ -196,11 +200,16 @@ def main() -> None:
         message = " ".join(err.format_message().split())
         err_console.print(f"[bold red]error:[/] {message}{hint}", highlight=False, soft_wrap=True)
         code = err.exit_code
+        if json_out:
+            print_error_json(f"{message}{hint}", "usage", code)
     except typer.Abort as err:
         # click turns a KeyboardInterrupt outside the commands' own handling into Abort
         terminated = isinstance(err.__cause__, Terminated)
-        err_console.print("terminated" if terminated else "interrupted")
-        code = TERMINATED_EXIT_CODE if terminated else 130
+        word = err.__cause__.word if terminated else "interrupted"
+        err_console.print(word)
+        code = err.__cause__.exit_code if terminated else 130
+        if json_out:
+            print_error_json(word, "terminated" if terminated else "cancelled", code)
     except OSError as err:  # the help or the version could not be written (the commands handle their own)
         code = output_not_written(err)
     finally:

@@ -75,10 +75,11 @@ def run_ask(options: AskOptions, console: Console) -> None:
     the question and answer are saved as a turn of it (or of a new session).
     """
     from locks_chat.attention import Attention
-    from locks_chat.citations import report_check
+    from locks_chat.citations import UNSUPPORTED_TEXT, report_check
     from locks_chat.cli.followup import cache_note, conversation_json, open_conversation, read_input, session_note
     from locks_chat.engine_client import open_engine, open_tokenizer
     from locks_chat.ingest import rich_progress
+    from locks_chat.reading import most_read_text
     from locks_chat.sampling import answer_sampling, sampling_text
 
     question, max_tokens = options.question, options.max_tokens
@@ -127,6 +128,8 @@ def run_ask(options: AskOptions, console: Console) -> None:
         print(json.dumps({**result.to_json(document), "session": conversation_json(conversation)}, indent=2))
         return
     print()
+    if result.check.supported is False:
+        print(UNSUPPORTED_TEXT, flush=True)  # on stdout, with the answer: a reader of the answer alone sees it
     report_check(console, result.check)
     summary = result.reading.summary()
     steps = summary["decode_steps"]
@@ -137,11 +140,11 @@ def run_ask(options: AskOptions, console: Console) -> None:
     else:
         read = "no decode step"  # the one token came from the prefill
     tpot = f"{result.tpot_ms:.0f} ms" if result.tpot_ms is not None else "-"  # one token has no TPOT
-    pages_read = ", ".join(p["page"] for p in summary["document_pages_read"][:12]) or "-"
+    pages_read = most_read_text(summary)
     tokens = f"{result.generated_tokens} token{'' if result.generated_tokens == 1 else 's'}"
     console.print(
         f"[dim]{tokens} · prompt {result.prompt_tokens:,} tokens{cache_note(result)} · TTFT "
-        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot}{f' ({result.dtype})' if result.dtype else ''} · {read} · document pages read: {pages_read}"
+        f"{(result.ttft_ms or 0) / 1000:.1f} s · TPOT {tpot}{f' ({result.dtype})' if result.dtype else ''} · {read} · most-read document pages: {pages_read}"
         f" · {sampling_text(result.sampling.to_json())}{session_note(conversation)}[/]",
         highlight=False, soft_wrap=True,
     )

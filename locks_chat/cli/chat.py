@@ -54,7 +54,10 @@ def run_chat(
     check_document(doc, password=password, pages=pages)
     # a model that is not there, or a context past the model's, is refused here in one line, as ask does, not
     # after the screen opened and the engine started (the built-in model not yet converted waits for the app)
-    open_tokenizer(settings.model, settings.context, convert=False)
+    try:
+        open_tokenizer(settings.model, settings.context, convert=False)
+    except LocksChatError as err:
+        raise _from_the_settings_file(err, settings, model, context) from None
     if not terminal_attached():
         raise LocksChatError(
             "the chat app needs a terminal (stdin and stdout); in scripts use: locks-chat ask FILE \"question\""
@@ -70,3 +73,18 @@ def run_chat(
         raise TerminatedError("terminated" + saved)
     if app.return_code:
         raise LocksChatError(f"the app stopped with an error (exit code {app.return_code})")
+
+
+def _from_the_settings_file(err: LocksChatError, settings, model: str | None, context: int | None) -> LocksChatError:
+    """``err`` (a refused model or context) saying which of its values came from the settings file rather than the
+    command line, and where that file is, so the user fixes the file, not the command; ``err`` when none did."""
+    from locks_chat.paths import settings_path
+
+    from_file = [f"{key} = {value!r}" for key, value, given in (("model", settings.model, model),
+                                                                ("context", settings.context, context))
+                 if value is not None and given is None]
+    if not from_file:
+        return err
+    flags = " or ".join(f"--{key.split(' ')[0]}" for key in from_file)
+    return type(err)(f"{err.message} ({', '.join(from_file)} comes from the settings file {settings_path()}; fix "
+                     f"or remove it there, or pass {flags})")

@@ -1,12 +1,20 @@
 """How a command ends: errors users cause as one line on stderr with their exit code, and output that cannot be
 written (a closed pipe, a full disk). The codes: 0 ok, 1 the output could not be written, 2 bad input or a document
 that does not fit, 3 engine failure, 130 interrupted, 141 stdout's pipe closed, 143 SIGTERM
-(``locks_chat.signals``)."""
+(``locks_chat.signals``).
+
+With ``--json`` every failure the command knows is also one JSON object on stdout (:func:`print_error_json`), as
+a success is: ``{"error": {"message": ..., "kind": ..., "exit_code": ...}}``, ``kind`` one of the
+:attr:`locks_chat.errors.LocksChatError.kind` words (``bad_input``, ``document``, ``encrypted``, ``no_text``,
+``page_range``, ``context``, ``model_path``, ``home_dir``, ``sessions``, ``follow_up``, ``engine``,
+``cancelled``, ``terminated``) or ``usage`` (an option Typer refused). A closed pipe or a full disk leaves
+stdout unwritable: those end without the object."""
 
 from __future__ import annotations
 
 import errno
 import functools
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +23,7 @@ import typer
 from rich.console import Console
 
 from locks_chat.errors import Cancelled, LocksChatError, TerminatedError
-from locks_chat.signals import TERMINATED_EXIT_CODE, Terminated, sigterm_received
+from locks_chat.signals import Terminated, sigterm_received
 
 err_console = Console(stderr=True)
 """where the one-line errors go"""
@@ -40,11 +48,30 @@ def _drop_stdout() -> None:
         os.close(devnull)
 
 
+def _print_line(markup: str) -> None:
+    """One line on stderr; nothing when stderr is gone (a SIGHUP: the terminal closed), the exit code still tells."""
+    try:
+        err_console.print(markup, highlight=False, soft_wrap=True)
+    except (OSError, ValueError):
+        pass
+
+
+def print_error_json(message: str, kind: str, exit_code: int) -> None:
+    """Print ``{"error": {"message", "kind", "exit_code"}}`` on stdout, one line; nothing when stdout cannot be
+    written (closed or full: the exit code still tells)."""
+    try:
+        print(json.dumps({"error": {"message": message, "kind": kind, "exit_code": exit_code}}), flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Map :class:`LocksChatError`, Ctrl+C and SIGTERM to one line on stderr and their exit codes."""
+    """Map :class:`LocksChatError`, Ctrl+C and SIGTERM to one line on stderr and their exit codes; a command given
+    ``json_out=True`` (``--json``) also prints the error as a JSON object on stdout (:func:`print_error_json`)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        json_out = bool(kwargs.get("json_out"))
         try:
             result = command(*args, **kwargs)
             sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
@@ -55,12 +82,18 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 err = TerminatedError("terminated: the engine was shut down")
             # a stop the user asked for is no error
             prefix = "" if isinstance(err, Cancelled) else "[bold red]error:[/] "
-            err_console.print(f"{prefix}{err.message}", highlight=False, soft_wrap=True)
+            _print_line(f"{prefix}{err.message}")
+            if json_out:
+                print_error_json(err.message, err.kind, err.exit_code)
             raise typer.Exit(err.exit_code) from None
         except KeyboardInterrupt as err:
             terminated = isinstance(err, Terminated)
-            err_console.print("terminated" if terminated else "interrupted")
-            raise typer.Exit(TERMINATED_EXIT_CODE if terminated else 130) from None
+            word = err.word if terminated else "interrupted"
+            _print_line(word)
+            code = err.exit_code if terminated else 130
+            if json_out:
+                print_error_json(word, "terminated" if terminated else "cancelled", code)
+            raise typer.Exit(code) from None
         except BrokenPipeError:
             # the reader of stdout went away (``| head``): stop quietly, as tools that SIGPIPE ends do
             _drop_stdout()

@@ -30,6 +30,8 @@ STDIN_SOURCE = "<stdin>"
 class FollowUpError(LocksChatError):
     """A ``--continue`` or ``--session`` that finds no conversation about this document (exit code 2)."""
 
+    kind = "follow_up"
+
 
 @dataclass(frozen=True)
 class FollowUp:

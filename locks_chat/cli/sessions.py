@@ -24,7 +24,7 @@ def _get(store: SessionStore | None, session_id: int) -> SessionInfo:
 
 def list_sessions(json_out: bool, console: Console) -> None:
     """Print every session, newest first (a table, or JSON for scripts)."""
-    store = SessionStore.existing()
+    store = SessionStore.existing(read_only=True)
     sessions = store.list_sessions() if store is not None else []
     if json_out:
         print(json.dumps([s.__dict__ for s in sessions], indent=2))
@@ -55,7 +55,7 @@ def write_stdout(text: str, chunk: int = 1 << 14) -> None:
 
 def show_session(session_id: int) -> None:
     """Print a session's transcript as Markdown."""
-    store = SessionStore.existing()
+    store = SessionStore.existing(read_only=True)
     write_stdout(render_transcript(_get(store, session_id), store.turns(session_id)))
 
 

@@ -5,7 +5,7 @@ A cited page of a PDF is a physical page of the file, shown by its printed label
 pypdf reads in non-strict mode, so broken cross-reference tables are rebuilt; a file it
 cannot open (a truncated download has lost its trailer) is retried once with a new trailer
 so the objects that remain are read. pypdf's log messages are collected into one warning
-instead of being printed. Each page is extracted under a time limit (:mod:`.timelimit`); a page that fails
+into warnings that name their page and cause (:mod:`.pdf_problems`) instead of being printed. Each page is extracted under a time limit (:mod:`.timelimit`); a page that fails
 or runs past it is skipped with a warning, and so is a page whose object an earlier page already is (a damaged
 or crafted page tree that repeats one page object thousands of times). Pages with images but no text are named in a
 warning ("page 2: no text layer, OCR needed"); a selection with no text at all is refused.
@@ -13,12 +13,10 @@ warning ("page 2: no text layer, OCR needed"); a selection with no text at all i
 
 from __future__ import annotations
 
-import contextlib
 import io
-import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -28,12 +26,18 @@ from locks_chat.ingest.document import Document, PageKind, RawPage, build_docume
 from locks_chat.ingest.limits import unused_password_warning
 from locks_chat.ingest.normalize import normalize_text, one_line
 from locks_chat.ingest.pagerange import describe_pages, parse_page_range
+from locks_chat.ingest.pdf_problems import PdfProblems, pypdf_log, text_without_fonts
 from locks_chat.ingest.progress import ProgressCallback
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
 
 
 #: seconds opening a PDF may take before it is refused (:func:`read_pdf`'s ``open_time_limit``)
 OPEN_TIME_LIMIT_S = 30.0
+#: seconds the search for pages of a truncated PDF whose fonts were lost may take, all pages together (it decodes
+#: their content streams: a hostile file's can be large); the pages found by then are named
+FONT_CHECK_LIMIT_S = 2.0
+#: what a truncated PDF's page whose content survives but whose fonts do not is told to have lost
+FONTS_LOST = "its text survives but the fonts needed to read it were in the lost part"
 
 
 def read_pdf(
@@ -66,27 +70,30 @@ def read_pdf(
         NoTextError: no selected page has a text layer.
         PageRangeError: ``pages`` is malformed or out of range.
     """
-    problems: list[str] = []
-    with _pypdf_log(problems):
+    problems = PdfProblems()
+    fonts_lost: list[int] = []
+    with pypdf_log(problems):
         reader, data, salvaged = _open_limited(data, source, password, open_time_limit)
         labels = _page_labels(reader, source)
         selected = parse_page_range(pages, labels)
         raw_pages, warnings = _extract(
-            reader, lambda: _open(data, source, password), selected, labels, progress, page_time_limit
+            reader, lambda: _open(data, source, password), selected, labels, progress, page_time_limit, problems
         )
         title = _title(reader)
         if password is not None and not reader.is_encrypted:
             warnings.append(unused_password_warning(source))
+        if salvaged:
+            fonts_lost = _fonts_lost(reader, raw_pages)
     if salvaged:
-        lost = [page.number - 1 for page in raw_pages if not page.text]
+        lost = [page.number - 1 for page in raw_pages if not page.text and page.number - 1 not in fonts_lost]
         lost_text = f"; {_pages_name(lost, labels)}: no text, possibly lost" if lost else ""
+        if fonts_lost:
+            lost_text += f"; {_pages_name(fonts_lost, labels)}: {FONTS_LOST}"
         warnings.insert(0, f"truncated or damaged PDF: read the objects that remained{lost_text}")
-    elif problems:
-        shown = "; ".join(_plain_problem(p) for p in problems[:3])
-        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-        warnings.insert(0, f"damaged PDF structure repaired by the reader: {shown}{more}")
+    else:
+        warnings[:0] = problems.warnings(lambda indices: _pages_name(indices, labels))
     if not any(page.text for page in raw_pages):
-        raise NoTextError(_no_text_message(source, pages, labels, warnings, salvaged))
+        raise NoTextError(_no_text_message(source, pages, labels, warnings, salvaged, fonts_lost))
     return build_document(source, "pdf", PageKind.PDF, title or one_line(Path(source).stem), raw_pages, len(labels),
                           warnings)
 
@@ -97,8 +104,7 @@ def check_pdf(data: bytes, source: str, *, password: str | None = None, pages: s
     Raises:
         EncryptedError, DocumentError, NoTextError (no pages), PageRangeError: as :func:`read_pdf`.
     """
-    problems: list[str] = []
-    with _pypdf_log(problems):
+    with pypdf_log(PdfProblems()):
         reader, _, _ = _open_limited(data, source, password, OPEN_TIME_LIMIT_S)
         parse_page_range(pages, _page_labels(reader, source))
 
@@ -188,10 +194,28 @@ def _open(data: bytes, source: str, password: str | None):
     return reader
 
 
+def _fonts_lost(reader, raw_pages: Sequence[RawPage]) -> list[int]:
+    """0-based indices of the pages without text whose content shows text but whose fonts are gone
+    (:func:`.pdf_problems.text_without_fonts`), searched for at most :data:`FONT_CHECK_LIMIT_S`."""
+    found: list[int] = []
+
+    def search() -> None:
+        for page in raw_pages:
+            if not page.text and text_without_fonts(reader, page.number - 1):
+                found.append(page.number - 1)
+
+    try:
+        call_with_time_limit(search, FONT_CHECK_LIMIT_S)
+    except TimeLimitExceeded:
+        pass
+    return list(found)
+
+
 def _page_labels(reader, source: str) -> list[str]:
     count = len(reader.pages)
     try:
-        labels = [one_line(str(label)) for label in reader.page_labels]
+        # an empty printed label (a /PageLabels range with neither style nor prefix) is cited by its physical number
+        labels = [one_line(str(label)) or str(i + 1) for i, label in enumerate(reader.page_labels)]
     except Exception:
         labels = []
     if len(labels) != count:
@@ -208,6 +232,7 @@ def _extract(
     labels: Sequence[str],
     progress: ProgressCallback | None,
     page_time_limit: float | None,
+    problems: PdfProblems,
 ) -> tuple[list[RawPage], list[str]]:
     raw_pages: list[RawPage] = []
     no_layer: list[int] = []
@@ -223,7 +248,8 @@ def _extract(
             text, has_images = "", False
         else:
             objects.add(key)
-            reader, text, has_images = _read_page_limited(reader, reopen, index, labels, page_time_limit, skipped)
+            with problems.reading(index):
+                reader, text, has_images = _read_page_limited(reader, reopen, index, labels, page_time_limit, skipped)
         if not text and has_images:
             no_layer.append(index)
         raw_pages.append(RawPage(index + 1, labels[index], text))
@@ -304,9 +330,13 @@ def _pages_name(indices: Sequence[int], labels: Sequence[str]) -> str:
 
 
 def _no_text_message(
-    source: str, pages: str | None, labels: Sequence[str], warnings: Sequence[str], salvaged: bool
+    source: str, pages: str | None, labels: Sequence[str], warnings: Sequence[str], salvaged: bool,
+    fonts_lost: Sequence[int] = (),
 ) -> str:
     where = f"pages {pages!r} of {source}" if pages else source
+    if fonts_lost:
+        return (f"{where}: truncated PDF: {_pages_name(fonts_lost, labels)}: {FONTS_LOST}; download or copy it "
+                "again")
     if salvaged:
         return f"{where}: truncated or damaged PDF with no text left in what remains; download or copy it again"
     if any(w.endswith("OCR needed") for w in warnings):
@@ -314,34 +344,3 @@ def _no_text_message(
     if pages:
         return f"{where}: no text on these pages; choose other --pages ({describe_pages(labels)})"
     return f"{where}: no extractable text on any page; pass a PDF with a text layer"
-
-
-def _plain_problem(message: str) -> str:
-    """One of pypdf's log messages for a warning: an exception's repr (``PdfReadError("...")``) unwrapped to its
-    text, the raw bytes and stream offsets it quotes cut off, at most 80 characters (cut at a word boundary)."""
-    wrapped = re.fullmatch(r"\w+(?:Error|Exception|Warning)\(([\x22'])(.*)\1\)", message)
-    text = wrapped.group(2) if wrapped else message
-    plain = re.split(r"\s(?:b[\x22']|@\d)", text, maxsplit=1)[0].rstrip(" :,")  # no raw bytes or offsets
-    return shorten_reason(plain if plain == text else plain + "...", 80)
-
-
-@contextlib.contextmanager
-def _pypdf_log(problems: list[str]) -> Iterator[None]:
-    """Collect pypdf's log messages into ``problems`` instead of printing them."""
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            message = " ".join(record.getMessage().split())
-            if message not in problems:
-                problems.append(message)
-
-    logger = logging.getLogger("pypdf")
-    handler = Collect(logging.WARNING)
-    propagate = logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate

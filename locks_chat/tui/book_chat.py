@@ -146,14 +146,37 @@ class BookChat:
     def load(self, pages: str | None, progress: ProgressCallback | None = None) -> Document:
         """Load the document with ``pages`` (``None``: every page) and remember the range in the session.
 
+        A session is about one content of the file (its SHA-256, :class:`DocumentKey`): a reload (``/pages``) of
+        a file changed on disk since the session opened is refused, so the new text never enters the old
+        session; the loaded document stays as it was.
+
         Raises:
+            DocumentError: the file changed on disk since the session opened, or cannot be read.
             DocumentError, EncryptedError, NoTextError, PageRangeError: see ``load_document``.
         """
+        self._refuse_a_changed_file()
         document = load_document(self.path, password=self.options.password, pages=pages, progress=progress)
         self.document, self.pages = document, pages
         if self.session is not None and self.store.current(self.session) is not None:
             self.store.set_pages(self.session.id, pages)
         return document
+
+    def _refuse_a_changed_file(self) -> None:
+        """Raise :class:`DocumentError` when the file's content is no longer the session's (after
+        :meth:`open_session`; before it there is nothing to compare)."""
+        from locks_chat.errors import DocumentError
+
+        expected = self.conversation.key.doc_hash
+        if not expected or self.document is None:
+            return
+        try:
+            digest = file_hash(self.path)
+        except OSError as err:
+            raise DocumentError(f"{self.path}: cannot read ({err.strerror}); check the path") from None
+        if digest != expected:
+            raise DocumentError(
+                f"{self.path}: the file changed on disk since this session opened; the session keeps the text it "
+                "read (nothing reloaded). Quit and open the book again for a session of the new text")
 
     def start_engine(self, settings: Settings | None = None) -> float:
         """(Re)start the engine with ``settings`` (default: the current ones) and their ``LocksConfig``; returns

@@ -13,7 +13,8 @@ def _row(number: int, turn: Turn) -> str:
     ttft = f"{s['ttft_ms'] / 1000:.1f} s" if s.get("ttft_ms") is not None else "-"
     tpot = f"{s['tpot_ms']:.0f} ms" if s.get("tpot_ms") is not None else "-"
     read = f"{s.get('kv_pages_read_fraction', 0):.0%}" if s.get("decode_steps") else "-"
-    most = sorted(s.get("document_pages_read", []), key=lambda p: -p["steps"])[:4]
+    # most read first (turns saved before the shares were kept: by the steps that read each page)
+    most = sorted(s.get("document_pages_read", []), key=lambda p: -p.get("share", p["steps"]))[:4]
     pages = ", ".join(p["page"] for p in most) or "-"
     mode = attention_text(s, "-", short=True)
     return f"| {number} | {mode} | {s.get('generated_tokens', 0)} | {ttft} | {tpot} | {read} | {pages} |"

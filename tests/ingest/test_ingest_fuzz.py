@@ -9,6 +9,7 @@ the property are kept as explicit examples, and the fixes they led to have plain
 from __future__ import annotations
 
 import faulthandler
+import time
 import zipfile
 
 import pytest
@@ -194,3 +195,32 @@ def test_epub_paths_outside_the_archive_read_nothing_outside(tmp_path, href):
         assert "SECRET" not in str(exc)
     else:
         assert "SECRET ON DISK" not in document.text
+
+
+def test_the_time_limit_is_checked_on_cpu_time(tmp_path, monkeypatch):
+    """A busy machine stretches the wall clock of the same work (the hostile PDFs failed one run and passed the
+    next, a Hypothesis FlakyFailure): the limit holds the load's own CPU time; a load that computes past it is
+    still a problem."""
+    import locks_chat.ingest
+
+    real = locks_chat.ingest.load_document
+    monkeypatch.setattr(fuzz_check, "page_time_limit", lambda: 0.2)
+    path = write(tmp_path, "doc.txt", b"Some text.")
+
+    def waits(*args, **kwargs):  # another job holds the CPU: the wall clock runs, this process's CPU time does not
+        time.sleep(0.4)
+        return real(*args, **kwargs)
+
+    def computes(*args, **kwargs):
+        end = time.process_time() + 0.4
+        while time.process_time() < end:
+            pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(locks_chat.ingest, "load_document", waits)
+    waited = fuzz_check.load_outcome(path, None)
+    assert waited.seconds >= 0.4 and waited.problems == []
+    monkeypatch.setattr(locks_chat.ingest, "load_document", computes)
+    computed = fuzz_check.load_outcome(path, None)
+    assert computed.cpu_seconds >= 0.4 and len(computed.problems) == 1
+    assert "of CPU time" in computed.problems[0] and "over the per-page limit of 0.2 s" in computed.problems[0]

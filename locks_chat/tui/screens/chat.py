@@ -57,9 +57,9 @@ from locks_engine.config import LocksConfig
 PANELS_WIDTH, PANELS_MIN_WIDTH = 52, 30
 #: Columns the conversation gets first (up to 120 columns the panels shrink), and the fewest it is left with.
 CHAT_WIDTH, CHAT_MIN_WIDTH = 68, 40
-#: The prompt's placeholder, and what it says while an answer streams (the prompt takes no keys then).
+#: The prompt's placeholder, and what it says while an answer streams (what is typed then is kept; Enter queues it).
 PROMPT_PLACEHOLDER = "Ask about the book, or /help"
-ANSWERING_PLACEHOLDER = "Answering (Esc stops it); type your next question or command when it is done"
+ANSWERING_PLACEHOLDER = "Answering (Esc stops it); type your next question: Enter queues it until this one ends"
 
 
 class ChatScreen(Screen):
@@ -125,6 +125,8 @@ class ChatScreen(Screen):
         self.turn: TurnView | None = None
         self.turns_before = 0
         self.mailbox = Mailbox()
+        self.queued: str | None = None
+        """a question or command entered while an answer streamed, sent when it ends (one at a time)"""
         """what the answer's worker left for the screen (text, step readings, ticks)"""
         self._drain_posted = False
         self.failures: dict[str, str] = {}
@@ -260,12 +262,27 @@ class ChatScreen(Screen):
 
     @on(Input.Submitted, "#prompt")
     async def submitted(self, event: Input.Submitted) -> None:
+        """Enter: send the question or run the command; while an answer streams, queue it (one at a time: a
+        second stays in the prompt, and says so)."""
         text = event.value.strip()
         prompt = self.query_one(PromptInput)
-        if not text or self.answering:
+        if not text:
+            return
+        if self.answering:
+            if self.queued is not None:
+                self.notify(f"One question is already queued ({self.queued}); this one stays in the prompt",
+                            severity="warning")
+                return
+            self.queued, prompt.value = text, ""
+            prompt.remember(text)
+            self.notify("Queued: sent when this answer ends (Esc stops the answer)")
             return
         prompt.remember(text)
         prompt.value = ""
+        await self._send(text)
+
+    async def _send(self, text: str) -> None:
+        """Run ``text`` as a command, or ask it."""
         if is_command(text):
             try:
                 await ChatCommands(self).run(parse_command(text))
@@ -275,12 +292,13 @@ class ChatScreen(Screen):
         await self.ask(text)
 
     async def ask(self, question: str) -> None:
-        """Send a question to the engine; the prompt stays locked until the answer ends."""
+        """Send a question to the engine; until the answer ends, what is typed stays in the prompt and Enter
+        queues it (:meth:`submitted`)."""
         self.cancel = threading.Event()
         self.mailbox = Mailbox()
         self.turns_before = len(self.chat.turns)
         prompt = self.query_one(PromptInput)
-        prompt.disabled, prompt.placeholder = True, ANSWERING_PLACEHOLDER
+        prompt.placeholder = ANSWERING_PLACEHOLDER
         self.turn = await self.query_one(ConversationView).add_turn(question)
         self.panels.new_answer()
         if self.doc_loading.is_set() or self.engine_starting.is_set():
@@ -384,11 +402,12 @@ class ChatScreen(Screen):
         if self.turn is not None:
             await self.turn.finish(message.status, citations, turn_stats_text(stats) or escape(message.error),
                                    stats.get("citation_check", ""), stopped,
-                                   saved.answer if saved is not None and stopped else None)
+                                   saved.answer if saved is not None and stopped else None,
+                                   stats.get("supported"))
         self.cancel, self.turn = None, None
         self.panels.progress.end("answer")
         prompt = self.query_one(PromptInput)
-        prompt.disabled, prompt.placeholder = False, PROMPT_PLACEHOLDER
+        prompt.placeholder = PROMPT_PLACEHOLDER
         prompt.focus()
         if message.status == "failed":
             self.notify(message.error, severity="error", timeout=15)
@@ -403,6 +422,23 @@ class ChatScreen(Screen):
         if notice:
             self.notify(notice, severity="warning", timeout=15)
         self._ready_or_waiting()
+        await self._send_queued(message.status == "done" and not stopped)
+
+    async def _send_queued(self, go_on: bool) -> None:
+        """Send the queued question after an answer that ended well; after one stopped or failed, give it back
+        in the prompt (or, when the prompt holds text, in its history) and say so."""
+        queued, self.queued = self.queued, None
+        if queued is None:
+            return
+        if go_on:
+            await self._send(queued)
+            return
+        prompt = self.query_one(PromptInput)
+        if not prompt.value:
+            prompt.value, prompt.cursor_position = queued, len(queued)
+            self.notify("The queued question was not sent: it is back in the prompt")
+        else:
+            self.notify("The queued question was not sent: it is in the prompt's history (Up)")
 
 
 def _message(err: BaseException) -> str:

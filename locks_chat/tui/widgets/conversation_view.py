@@ -30,7 +30,8 @@ class ConversationView(VerticalScroll):
         for turn in turns:
             view = await self.add_turn(turn.question, turn.answer)
             await view.finish(turn.status, turn.citations, turn_stats_text(turn.stats),
-                              turn.stats.get("citation_check", ""), stopped_text(turn.stats))
+                              turn.stats.get("citation_check", ""), stopped_text(turn.stats),
+                              supported=turn.stats.get("supported"))
 
     async def add_note(self, markdown: str) -> None:
         """Append a note in Markdown (not part of the conversation the model sees)."""

@@ -9,6 +9,7 @@ from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from locks_chat.citations import UNSUPPORTED_TEXT
 from locks_chat.transcript import citation_text
 
 _STATUS = {
@@ -30,6 +31,8 @@ class TurnView(Vertical):
     TurnView { height: auto; margin: 0 0 1 0; }
     TurnView > .question { color: $text-accent; text-style: bold; padding: 0 1; }
     TurnView > Markdown { margin: 0; padding: 0 1; background: transparent; }
+    TurnView > .unsupported { display: none; color: $text-error; text-style: bold; padding: 0 1; }
+    TurnView > .unsupported.-shown { display: block; }
     TurnView > .check { display: none; color: $text-warning; padding: 0 1; }
     TurnView > .check.-shown { display: block; }
     TurnView > .check.-verified { color: $text-success; }
@@ -45,6 +48,7 @@ class TurnView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(f"> {self.question}", classes="question", markup=False)
         yield Markdown(self.answer)
+        yield Static(UNSUPPORTED_TEXT, classes="unsupported", markup=False)
         yield Static("", classes="check", markup=False)
         yield Static("", classes="footer")
 
@@ -56,7 +60,7 @@ class TurnView(Vertical):
         await self._stream.write(delta)
 
     async def finish(self, status: str, citations: list[dict], stats_line: str = "", check: str = "",
-                     stopped: str = "", answer: str | None = None) -> None:
+                     stopped: str = "", answer: str | None = None, supported: bool | None = None) -> None:
         """End the stream and show the turn's footer: its status, cited pages and statistics; ``check`` is the
         citation check's line (:attr:`locks_chat.citations.CitationCheck.text`), shown under the answer.
 
@@ -64,6 +68,8 @@ class TurnView(Vertical):
             stopped (str): why the app stopped the answer (``stopped: the answer repeated itself``), said first.
             answer (str | None): the answer as saved, shown instead of what streamed when it differs (an answer
                 the loop guard cut after the loop's first occurrence).
+            supported (bool | None): ``False``: no page holds the answer's key words
+                (:attr:`locks_chat.citations.CitationCheck.supported`), said in bold right under the answer.
         """
         if self._stream is not None:
             await self._stream.stop()
@@ -80,6 +86,7 @@ class TurnView(Vertical):
         if stats_line:
             parts.append(stats_line)
         self.query_one(".footer", Static).update(" · ".join(parts))
+        self.query_one(".unsupported", Static).set_class(supported is False, "-shown")
         line = self.query_one(".check", Static)
         line.update(f"citations: {check}" if check else "")
         line.set_class(bool(check), "-shown")

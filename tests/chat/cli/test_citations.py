@@ -54,7 +54,7 @@ def test_a_page_the_document_does_not_have():
     check = check_citations("The keeper is Ann Marsh (p. 9).", make_doc())
     assert only(check) == {"page": "9", "physical": None, "verified": False,
                            "found_on": {"page": "3", "physical": 3}, "score": 0.0}
-    assert check.text == "p. 9 cited (not in the selected pages); the text is on p. 3"
+    assert check.text == "p. 9 cited; the document has 5 pages; the text is on p. 3"
 
 
 def test_no_citation_gets_the_best_page_found_by_the_app():

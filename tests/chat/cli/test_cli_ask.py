@@ -67,7 +67,7 @@ def test_answer_streams_to_stdout_and_stats_to_stderr(book, engine):
     result = runner.invoke(app, ["ask", str(book), "What is the password?"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("The password is BLUE (p. 1).")
-    assert "TPOT" in result.stderr and "document pages read: 1" in result.stderr
+    assert "TPOT" in result.stderr and "most-read document pages: p. 1 100%" in result.stderr
     assert engine.closed
 
 
@@ -224,7 +224,8 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["ask", "{book}", "q", "--max-tokens", "x"], "Invalid value for '--max-tokens'"),
         (["ask", "{book}"], "Missing argument 'QUESTION'"),
         (["ask", "{book}", "q", "--bogus"], "No such option: --bogus"),
-        (["sessions", "show", "x"], "Invalid value for 'session_id'"),
+        (["sessions", "show", "x"], "Invalid value for 'session': Input should be a valid integer"),
+        (["sessions", "delete", "1", "x"], "Invalid value for 'sessions': Input should be a valid integer"),
         (["ask", "{book}", "q", "--kv-cache-gib", "0"], "Invalid value for '--kv-cache-gib'"),
         (["ask", "{book}", "q", "--kv-cache-gib", "inf"], "inf is not a size"),
         (["ask", "{book}", "q", "--kv-cache-gib", "nan"], "nan is not a size"),
@@ -233,7 +234,7 @@ def test_a_context_past_the_models_own_is_refused_before_the_engine_starts(book,
         (["", "--pages", "1-3"], "'DOC': empty: give a document's path"),
     ],
     ids=["range", "budget_below_forced_pages", "blank_pages", "blank_model", "not_a_number", "missing_argument",
-         "unknown_option", "sessions_id", "kv_cache_of_nothing", "kv_cache_infinite", "kv_cache_nan", "kv_cache_tiny",
+         "unknown_option", "sessions_show_id", "sessions_delete_id", "kv_cache_of_nothing", "kv_cache_infinite", "kv_cache_nan", "kv_cache_tiny",
          "blank_document",
          "blank_document_chat"],
 )
@@ -247,6 +248,7 @@ def test_usage_errors_are_one_line_and_exit_2(book, engine, args, message, monke
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert err.startswith("error: ") and message in err and "--help" in err, err
+    assert "session_id" not in err, "no internal parameter name"
     assert len(err.strip().splitlines()) == 1 and not engine.calls
 
 

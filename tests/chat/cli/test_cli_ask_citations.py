@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 import locks_chat.engine_client
+from locks_chat.citations import UNSUPPORTED_TEXT
 from locks_chat.cli import app
 from tests.support.fakes import FakeEngine
 from tests.support.ingest_samples import text_pdf, with_page_labels, write
@@ -56,7 +57,9 @@ def test_the_check_is_a_line_after_the_answer(book, engine, answer, line):
     engine.answer = answer
     result = runner.invoke(app, ["ask", str(book), "What is the password?"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == answer, "stdout keeps the answer alone"
+    expected = answer if "no page holds" not in line else f"{answer}\n{UNSUPPORTED_TEXT}"
+    assert result.stdout.strip() == expected, \
+        "stdout keeps the answer, and says right under it when no page bears it out"
     lines = result.stderr.splitlines()
     assert line in lines and lines.index(line) < next(i for i, s in enumerate(lines) if "TPOT" in s)
 
@@ -64,7 +67,7 @@ def test_the_check_is_a_line_after_the_answer(book, engine, answer, line):
 def test_json_right_citation(book, engine):
     data = ask_json(book, engine, "The password is BLUE (p. 1).")
     assert data["citations"] == [{"page": "1", "physical": 1, "verified": True, "found_on": None, "score": 1.0}]
-    assert data["proposed_page"] is None and data["citation_check"] == "p. 1 verified"
+    assert data["proposed_page"] is None and data["citation_check"] == "p. 1 verified" and data["supported"] is True
 
 
 def test_json_wrong_citation(book, engine):
@@ -91,3 +94,24 @@ def test_json_printed_labels_and_warnings(tmp_path, engine):
     ]
     assert out["citation_check"] == ("p. 3 cited; the text is on p. 1 (page 3 of the file) · p. i cited; the text "
                                      "is on p. 3 (page 5 of the file)")
+
+
+@pytest.mark.parametrize(
+    "answer,supported",
+    [("The password is CRIMSON, kept by Olaf Berg (p. 3).", False), ("The password is CRIMSON, kept by Olaf Berg.", False),
+     ("The password is BLUE (p. 2).", True), ("Yes.", None)],
+    ids=["cited_nowhere", "uncited_nowhere", "found_elsewhere", "nothing_to_check"],
+)
+def test_json_says_whether_the_answer_is_supported(book, engine, answer, supported):
+    data = ask_json(book, engine, answer)
+    assert data["supported"] is supported
+    assert UNSUPPORTED_TEXT not in data["answer"], "the answer field stays the model's own text"
+
+
+def test_a_marker_only_answer_is_checked_with_the_question(book, engine):
+    engine.answer = "[p. 3]"
+    result = runner.invoke(app, ["ask", str(book), "Which page gives the keeper's password? Cite it."])
+    assert result.exit_code == 0, result.output
+    assert "citations: p. 3 cited; the question's key words are on p. 1" in result.stderr.splitlines()
+    data = ask_json(book, engine, "[p. 7]")
+    assert data["citation_check"] == "p. 7 cited; the document has 3 pages; the question's key words are on p. 1"

@@ -241,3 +241,23 @@ def test_model_and_context_are_checked_before_the_app_opens(tmp_path, monkeypatc
     assert calls[-1] == (None, 100000000, False)
     assert SessionStore().list_sessions() == []
     assert runner.invoke(app, ["chat", str(book)]).exit_code == 0 and len(opened) == 1
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["from_the_settings_file", "from_the_command_line"])
+def test_a_bad_model_in_the_settings_file_is_named_as_coming_from_there(tmp_path, monkeypatch, opened, given):
+    from locks_chat.errors import ModelPathError
+    from locks_chat.paths import settings_path
+
+    def open_tokenizer(model, max_model_len, convert=True):
+        raise ModelPathError(f"{model}: not a local model directory")
+
+    monkeypatch.setattr("locks_chat.engine_client.open_tokenizer", open_tokenizer)
+    save_settings(Settings(model="./old-model"))
+    result = runner.invoke(app, ["chat", str(write_book(tmp_path)), *(["--model", "./typed"] if given else [])])
+    assert result.exit_code == 2 and not opened
+    [line] = result.stderr.strip().splitlines()
+    if given:
+        assert line == "error: ./typed: not a local model directory", "the command line's own value is not the file's"
+    else:
+        assert line == (f"error: ./old-model: not a local model directory (model = './old-model' comes from the "
+                        f"settings file {settings_path()}; fix or remove it there, or pass --model)")

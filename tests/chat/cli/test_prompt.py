@@ -125,7 +125,7 @@ def test_ask_streams_and_maps_kv_pages_to_document_pages():
     assert all([p.label for p in s.doc_pages] == ["2"] for s in steps)
     summary = result.reading.summary()
     assert summary["decode_steps"] == 5 and 0 < summary["kv_pages_read_fraction"] < 1
-    assert summary["document_pages_read"] == [{"page": "2", "steps": 5}]
+    assert summary["document_pages_read"] == [{"page": "2", "physical": 2, "share": 1.0, "steps": 5}]
 
 
 def test_cancel_aborts_the_request():

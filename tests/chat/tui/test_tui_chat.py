@@ -78,7 +78,7 @@ async def test_answer_streams_with_citations_and_is_saved(book):
     assert engine.closed
 
 
-async def test_prompt_is_locked_while_the_answer_streams_and_pages_change_per_token(book):
+async def test_the_pages_change_per_token_and_keys_typed_meanwhile_are_kept(book):
     engine = GatedEngine(answer="one two three four", bins_per_step=[[7, 8], [30, 31, 45]])
     app = build_app(book, ChatOptions(), Factory(engine))
     async with app.run_test(size=SIZE) as pilot:
@@ -87,15 +87,16 @@ async def test_prompt_is_locked_while_the_answer_streams_and_pages_change_per_to
         strip = app.screen.query_one(PageHeatMap)
         engine.release(1)
         await until(pilot, lambda: strip.token == 1, what="token 1")
-        assert prompt.disabled and answer_text(app) == "one "
+        assert app.screen.answering and answer_text(app) == "one "
         assert set(strip.share) == {1}
         engine.release(1)
         await until(pilot, lambda: strip.token == 2, what="token 2")
         assert answer_text(app) == "one two " and set(strip.share) == {3, 4}
         await pilot.press("x")
-        assert prompt.value == ""
+        assert prompt.value == "x", "a key typed while the answer streams goes into the prompt, not nowhere"
         engine.release(2)
-        await until(pilot, lambda: not prompt.disabled, what="the prompt back")
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        assert prompt.value == "x" and app.focused is prompt
 
 
 async def test_alt_arrows_step_the_pages_panel_through_the_answers_tokens(book):

@@ -64,3 +64,29 @@ async def test_the_line_comes_when_the_answer_ends(book):
         engine.release(3)  # "BLUE ", "(p. ", "1)."
         await until(pilot, lambda: check_line(app).display, what="the check")
         assert str(check_line(app).render()) == "citations: p. 1 verified"
+
+
+def unsupported_line(app):
+    return app.screen.query(TurnView).last().query_one(".unsupported")
+
+
+@pytest.mark.parametrize("answer,shown", [("The keeper is Olaf Berg of Bergen (p. 2).", True),
+                                          ("The storms came in November (p. 3).", False)],
+                         ids=["unsupported", "supported"])
+async def test_an_unsupported_answer_is_said_right_under_it(book, answer, shown):
+    app = build_app(book, ChatOptions(), Factory(FakeEngine(answer=answer)))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Who is the keeper?")
+        await until(pilot, lambda: not app.screen.answering, what="the answer")
+        line = unsupported_line(app)
+        assert line.display is shown
+        if shown:
+            turn = app.screen.query(TurnView).last()
+            assert "Not supported by the document" in str(line.render())
+            assert turn.query_one("Markdown").region.bottom <= line.region.y < turn.query_one(".check").region.y
+
+    # a resumed session shows it too: it is saved with the turn
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(app) and any("Resumed" in m for m in notices(app)), what="the resume")
+        assert unsupported_line(app).display is shown

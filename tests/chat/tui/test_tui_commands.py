@@ -151,3 +151,19 @@ async def test_a_turn_cut_off_by_a_crash_is_kept_as_interrupted(book):
         # the resumed turns are drawn by the screen's own handler, which may finish after the app is ready
         footer = view.query_one(".footer")
         await until(pilot, lambda: "interrupted" in str(footer.render()), what="the resumed turn's footer")
+
+
+async def test_pages_after_the_book_changed_on_disk_reads_nothing_into_the_session(book):
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(app), what="the app to be ready")
+        before = app.chat.document
+        session = app.chat.session
+        book.write_text(book.read_text(encoding="utf-8").replace("BLUE", "GREEN"), encoding="utf-8")
+        await command(pilot, "/pages 2-3")
+        await until(pilot, lambda: ready(app) and notices(app, "error"), what="the refusal")
+        [error] = notices(app, "error")
+        assert "the file changed on disk since this session opened" in error and "Quit and open the book" in error
+        assert app.chat.document is before and "BLUE" in app.chat.document.text, "the session's own text stays"
+        saved = SessionStore().get(session.id)
+        assert saved.pages is None and saved.doc_hash == session.doc_hash, "the session's range is not the reload's"
