@@ -98,3 +98,72 @@ def merge_splits(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> 
     wa = torch.exp(lse_a.float() - ref).unsqueeze(-1)
     wb = torch.exp(lse_b.float() - ref).unsqueeze(-1)
     return wa * out_a.float() + wb * out_b.float(), lse
+
+
+def cache_value_means(v_cache: Tensor, page_size: int, fmt: str) -> Tensor:
+    """Mean value vector of every physical page of a paged V cache, stored in ``fmt`` and read back.
+
+    Args:
+        v_cache (Tensor): `[num_blocks, block_size, H, D]`, any strides. page_size (int): B, dividing the block size.
+        fmt (str): ``VALUE_MEAN_FORMATS``.
+    Returns:
+        Tensor: fp32 `[num_blocks * block_size / B, H, D]`, indexed by physical page id (``physical_page_ids``).
+        Pages not fully written hold the mean of whatever their slots hold: the tail only reads complete pages.
+    Raises:
+        ValueError: when ``B`` does not divide the block size, or on an unknown format.
+    """
+    blocks, block_size, heads, dim = v_cache.shape
+    if block_size % page_size:
+        raise ValueError(f"page_size={page_size} does not divide the block size {block_size}")
+    means = v_cache.float().reshape(blocks * block_size // page_size, page_size, heads, dim).mean(1)
+    return store_value_means(means, fmt)
+
+
+def tail_paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    selected: Tensor,
+    scores: Tensor,
+    value_means: Tensor,
+    page_size: int,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Decode attention over the selected pages, exact, plus the tail estimate of every other complete page.
+
+    ``sparse_paged_attention`` over ``selected``, merged (``merge_splits``) with the split ``tail_split`` makes
+    of the complete pages a KV head does not select: log mass ``scores`` (the estimate the selection ranked by,
+    per query head) and mean value ``value_means``. The last, incomplete page is never in the tail (the selection
+    always reads it).
+
+    Args:
+        q (Tensor): `[S, HQ, D]`; k_cache, v_cache (Tensor): `[num_blocks, block_size, H, D]`.
+        block_table (Tensor): `[S, max_blocks]`; seq_lens (Tensor): `[S]` tokens.
+        selected (Tensor): `[S, H, K]` logical pages, ``-1`` unused (``select_pages``).
+        scores (Tensor): `[S, HQ, Pmax]` estimated log mass of each logical page (``score_pages``, with the scale
+            of the attention), ``-inf`` for pages without a score; ``Pmax`` at most the block table's pages.
+        value_means (Tensor): `[num_pages, H, D]` fp32 by physical page id (``cache_value_means``).
+        page_size (int): B. scale (float | None): softmax scale, default ``D ** -0.5``.
+    Returns:
+        tuple: ``out`` `[S, HQ, D]` in ``q.dtype`` and ``lse`` `[S, HQ]` fp32 of the exact and estimated mass.
+    """
+    from locks_engine.ops.attention import sparse_paged_attention
+    from locks_engine.ops.paging import physical_page_ids
+
+    seqs, num_q_heads, dim = q.shape
+    heads = selected.shape[1]
+    pmax = scores.shape[-1]
+    out_x, lse_x = sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, page_size, scale)
+    pages = torch.arange(pmax, device=q.device)
+    complete = pages < (seq_lens.long() // page_size).unsqueeze(1)  # [S, Pmax]
+    read = torch.zeros(seqs, heads, pmax + 1, dtype=torch.bool, device=q.device)
+    read.scatter_(-1, torch.where(selected < 0, pmax, selected.clamp(max=pmax)), True)
+    tail = complete.unsqueeze(1) & ~read[..., :pmax]  # [S, H, Pmax]
+    tail = tail.repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax]
+    ids = physical_page_ids(block_table, k_cache.shape[1] // page_size)[:, :pmax]  # [S, Pmax]
+    means = value_means[ids].transpose(1, 2).repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax, D]
+    out_t, lse_t = tail_split(scores.float().masked_fill(~tail, float("-inf")), means)
+    out, lse = merge_splits(out_x, lse_x, out_t, lse_t)
+    return out.to(q.dtype), lse

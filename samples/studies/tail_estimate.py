@@ -8,7 +8,8 @@ of ``locks_studies.tail_estimate`` at budgets of ``--fractions`` of the pages (t
 each with and without a tail estimate) and mass-sized budgets at ``--levels`` (floor ``--floor`` and cap ``--cap``
 of the pages): relative L2 error of the attention output against dense, mass kept, the needle's pages read at
 the steps that write its value, bytes read per step (``locks_studies.tail_study``). Writes
-``OUT_DIR/<date>_cpu_<commit>_tail/tail_estimate.json`` and ``tail_estimate.svg`` (error against bytes). CPU only.
+``OUT_DIR/<date>_cpu_<commit>_tail/tail_estimate_<context>.json`` and ``tail_estimate.svg`` (error against bytes,
+every context of the folder so far: contexts may be run one at a time). CPU only.
 From the repository root::
 
     nice -n 5 python samples/studies/tail_estimate.py --model MODEL_DIR \\
@@ -18,6 +19,7 @@ From the repository root::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -38,6 +40,8 @@ def parse_args(argv):
                     help="mass-sized budgets: estimated share of the mass to read")
     ap.add_argument("--floor", type=float, default=0.01, help="mass-sized budget's floor, fraction of the pages")
     ap.add_argument("--cap", type=float, default=0.10, help="mass-sized budget's cap, fraction of the pages")
+    ap.add_argument("--tails", nargs="+", default=None,
+                    help="tails to measure (locks_studies.tail_estimate.TAILS; default all; 'none' is required)")
     ap.add_argument("--depth", type=float, default=0.5, help="needle depth in the haystack")
     ap.add_argument("--steps", type=int, default=32, help="consecutive decode steps a run")
     ap.add_argument("--threads", type=int, default=1)
@@ -46,6 +50,10 @@ def parse_args(argv):
     if bad or args.floor > args.cap or not 0 <= args.depth <= 1 or args.steps < 1:
         ap.error("fractions, levels, --floor and --cap must lie in (0, 1], --floor <= --cap, --depth in [0, 1], "
                  "--steps >= 1")
+    from locks_studies.tail_estimate import TAILS
+
+    if args.tails and ("none" not in args.tails or set(args.tails) - set(TAILS)):
+        ap.error(f"--tails: choose among {', '.join(TAILS)}, none included")
     if not Path(args.model).is_dir() or not Path(args.book).is_file():
         ap.error(f"--model {args.model} must be a directory and --book {args.book} a file")
     return args
@@ -60,6 +68,7 @@ def run_context(args, context: int, cfg) -> dict:
     import torch
 
     from locks_studies.tail_capture import needle_capture
+    from locks_studies.tail_estimate import TAILS
     from locks_studies.tail_study import designs, reduce, study_context
 
     data = needle_capture(args.cache_dir, args.model, args.book, context, args.depth, args.steps, log)
@@ -77,7 +86,7 @@ def run_context(args, context: int, cfg) -> dict:
     floor = max(cfg.always_read_pages, round(args.floor * pages))
     cap = max(floor, round(args.cap * pages))
     start = time.perf_counter()
-    grid = designs(args.fractions, args.levels)
+    grid = designs(args.fractions, args.levels, tuple(args.tails or TAILS))
     measures = study_context(data, seq_len, cfg, grid, floor, cap, needle_pages, in_run["prose"],
                              lambda m: log(f"{context}: {m}"))
     log(f"{context}: {len(measures)} designs in {time.perf_counter() - start:.0f} s")
@@ -107,12 +116,19 @@ def main(argv=None) -> int:
     head = header("studies/tail_estimate.py", argv, {"--model": "MODEL_DIR", "--cache-dir": "CACHE_DIR",
                                                      "--book": "../shared/data/books/{name}"})
     folder = Path(args.out_dir) / f"{run_folder(head)}_tail"
-    result = {**head, "model": Path(args.model).name, "book": Path(args.book).name, "locks": cfg.to_dict(),
+    common = {**head, "model": Path(args.model).name, "book": Path(args.book).name, "locks": cfg.to_dict(),
               "fractions": args.fractions, "levels": args.levels, "floor": args.floor, "cap": args.cap,
-              "steps": args.steps, "contexts": results}
-    path = write_result(folder / "tail_estimate.json", result)
-    (folder / "tail_estimate.svg").write_text(figure(results, args.fractions, args.levels))
-    log(f"wrote {path} and tail_estimate.svg")
+              "steps": args.steps}
+    for context, res in results.items():
+        path = write_result(folder / f"tail_estimate_{context}.json", {**common, "context": int(context), **res})
+        log(f"wrote {path}")
+    # the figure: every context measured into this folder so far
+    shown = {}
+    for path in sorted(folder.glob("tail_estimate_*.json"), key=lambda p: int(p.stem.rsplit("_", 1)[1])):
+        res = json.loads(path.read_text())
+        shown[str(res["context"])] = res
+    (folder / "tail_estimate.svg").write_text(figure(shown, args.fractions, args.levels))
+    log(f"wrote {folder / 'tail_estimate.svg'} ({', '.join(shown)} tokens)")
     return 0
 
 

@@ -81,3 +81,66 @@ def test_value_means_storage_and_bytes():
     assert value_mean_bytes(64, "bf16") == 128 and value_mean_bytes(64, "int8") == 66
     with pytest.raises(ValueError):
         value_mean_bytes(64, "int4")
+
+
+def brute_tail_attention(q, k, v, selected, scores, means, seq_len, page_size, scale):
+    """One sequence, loops: exact over the selected pages' tokens plus exp(s_j) vbar_j over the other complete
+    pages, one query head at a time. k, v `[N, H, D]`; means `[P, H, D]` by logical page."""
+    heads, groups = k.shape[1], q.shape[0] // k.shape[1]
+    out = torch.zeros(q.shape)
+    for hq in range(q.shape[0]):
+        h = hq // groups
+        pages = [int(p) for p in selected[h] if p >= 0]
+        num, den = torch.zeros(q.shape[1]), 0.0
+        for p in pages:
+            for t in range(p * page_size, min((p + 1) * page_size, seq_len)):
+                w = math.exp(scale * float(q[hq] @ k[t, h]))
+                num, den = num + w * v[t, h], den + w
+        for p in range(seq_len // page_size):
+            if p not in pages:
+                w = math.exp(float(scores[hq, p]))
+                num, den = num + w * means[p, h], den + w
+        out[hq] = num / den
+    return out
+
+
+def test_tail_paged_attention_matches_a_brute_force_loop():
+    from locks_engine.ops import physical_page_ids
+    from locks_engine.ops.tail import cache_value_means, tail_paged_attention
+
+    gen = torch.Generator().manual_seed(3)
+    page, block, heads, hq, dim, scale = 4, 8, 2, 4, 8, 8 ** -0.5
+    k_cache = torch.randn(6, block, heads, dim, generator=gen)
+    v_cache = torch.randn(6, block, heads, dim, generator=gen)
+    block_table = torch.tensor([[4, 1, 3], [0, 5, 2]])
+    seq_lens = torch.tensor([23, 14])
+    pmax = 6
+    q = torch.randn(2, hq, dim, generator=gen)
+    scores = torch.randn(2, hq, pmax, generator=gen)
+    selected = torch.tensor([[[0, 5, -1], [2, 4, 5]], [[1, 3, -1], [0, 3, -1]]])
+    means = cache_value_means(v_cache, page, "bf16")
+    out, lse = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, scores, means, page, scale)
+    ids = physical_page_ids(block_table, block // page)
+    for s in range(2):
+        k = k_cache[block_table[s]].reshape(-1, heads, dim)
+        v = v_cache[block_table[s]].reshape(-1, heads, dim)
+        ref = brute_tail_attention(q[s], k, v, selected[s], scores[s], means[ids[s]], int(seq_lens[s]), page, scale)
+        assert torch.allclose(out[s], ref, atol=1e-5), s
+    assert torch.isfinite(lse).all()
+    # a selection of every page: the tail is empty, exact attention over the whole row
+    from locks_engine.ops import dense_paged_attention
+    every = torch.arange(pmax).expand(2, heads, pmax)
+    out_all, _ = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, every, scores, means, page, scale)
+    dense, _ = dense_paged_attention(q, k_cache, v_cache, block_table, seq_lens, page, scale)
+    assert torch.allclose(out_all, dense, atol=1e-6)
+
+
+def test_cache_value_means_by_physical_page():
+    from locks_engine.ops.tail import cache_value_means
+
+    v = torch.randn(3, 8, 2, 4)
+    means = cache_value_means(v, 4, "int8")
+    assert means.shape == (6, 2, 4)
+    assert torch.allclose(means[3], v[1, 4:].mean(0), atol=v.abs().max().item() / 127)
+    with pytest.raises(ValueError, match="does not divide"):
+        cache_value_means(v, 3, "bf16")

@@ -6,7 +6,7 @@ vectors (``locks_engine.ops.tail``), merged with the exact split by log-sum-exp.
 
 - ``err``: ``|o - o_dense| / |o_dense|`` of the attention output (the quantity the next token depends on);
 - ``kept``: true attention mass on the pages read exactly (group mean);
-- ``needle``: share of the needle's pages read exactly (KV head level);
+- ``needle``: share of the needle's pages read exactly (KV head level); ``needle_mass``: their true mass;
 - ``pages``: pages read exactly; ``tail_bias``: ``log(true tail mass / estimated tail mass)`` (0: unbiased).
 
 Selections: ``fixed`` (today's top-k in LOCKS' read order: forced pages, then the largest estimated group share;
@@ -131,6 +131,9 @@ class HeadStudy:
             steps.page_size)
         self.centroid_scores = self.centroid_scores.masked_fill(~torch.isfinite(self.scores), float("-inf"))
         self.needle = torch.tensor(needle_pages, dtype=torch.long)
+        needle_mask = torch.zeros(steps.pages, dtype=torch.bool)
+        needle_mask[self.needle] = True
+        self.needle_mass = steps.mass_kept(needle_mask.expand(len(steps.seq_lens), -1)).mean(-1)  # [T]
         self._exact: tuple | None = None  # the last mask's exact split, reused by the tails and fits of one mask
 
     def fixed(self, pages: int) -> Tensor:
@@ -176,7 +179,8 @@ class HeadStudy:
                   else torch.full((mask.shape[0],), float("nan")))
         result = {}
         for tail in tails:
-            row = {"kept": kept.mean(-1), "needle": needle, "pages": mask.sum(-1).float()}
+            row = {"kept": kept.mean(-1), "needle": needle, "needle_mass": self.needle_mass,
+                   "pages": mask.sum(-1).float()}
             if tail == "none":
                 row["err"] = relative_error(out_x, self.steps.out_dense)
                 row["tail_bias"] = torch.full_like(kept, float("nan"))

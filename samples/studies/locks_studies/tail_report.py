@@ -94,7 +94,7 @@ COLUMNS = (("design", None, "{}"), ("pages", "pages", "{:.1f}"), ("bytes %", "by
            ("err", "err", "{:.4f}"), ("err worst layer", "err_worst_layer", "{1:.3f} (L{0})"),
            ("err answer run", "err_answer", "{:.4f}"), ("mass kept", "kept", "{:.3f}"),
            ("kept worst layer", "kept_worst_layer", "{1:.3f} (L{0})"), ("needle read", "needle", "{:.3f}"),
-           ("needle worst layer", "needle_worst_layer", "{1:.2f} (L{0})"), ("tail bias", "tail_bias", "{:+.2f}"))
+           ("needle read where attended", "needle_attended", "{:.3f}"), ("tail bias", "tail_bias", "{:+.2f}"))
 
 
 def table(rows: dict, names: list[str] | None = None) -> list[str]:
@@ -108,7 +108,7 @@ def table(rows: dict, names: list[str] | None = None) -> list[str]:
         for _, key, fmt in COLUMNS:
             if key is None:
                 cells.append(name)
-            elif key not in r:
+            elif r.get(key) is None:
                 cells.append("")
             else:
                 v = r[key]

@@ -20,15 +20,23 @@ from locks_engine.ops.tail import value_mean_bytes
 from locks_studies.tail_estimate import FITTED, SUPER, TAILS, HeadStudy, fit_bias, head_steps
 
 
-def designs(fractions: list[float], levels: list[float]) -> list[dict]:
-    """The grid: ``fixed`` with every tail (``tail_estimate.TAILS``), ``oracle`` bare and with ``est-int8``,
-    ``mass`` bare and with ``est-int8``, ``half`` and ``fit``."""
+def designs(fractions: list[float], levels: list[float], tails: tuple[str, ...] = TAILS) -> list[dict]:
+    """The grid: ``fixed`` with every tail of ``tails`` (``tail_estimate.TAILS``), ``oracle`` bare and with
+    ``est-int8``, ``mass`` bare and with ``est-int8``, ``half`` and ``fit`` (each as far as ``tails`` holds it).
+
+    Raises:
+        ValueError: on an unknown tail, or without ``none`` (the baseline).
+    """
+    unknown = [t for t in tails if t not in TAILS]
+    if unknown or "none" not in tails:
+        raise ValueError(f"tails {', '.join(unknown) or '(no none)'}: allowed {', '.join(TAILS)}, none included")
+    keep = lambda *names: tuple(t for t in names if t in tails)
     out = []
     for f in fractions:
-        out.append({"selection": "fixed", "size": f, "tails": TAILS})
-        out.append({"selection": "oracle", "size": f, "tails": ("none", "est-int8")})
+        out.append({"selection": "fixed", "size": f, "tails": keep(*TAILS)})
+        out.append({"selection": "oracle", "size": f, "tails": keep("none", "est-int8")})
     for p in levels:
-        out.append({"selection": "mass", "size": p, "tails": ("none", "est-int8", "half", "fit")})
+        out.append({"selection": "mass", "size": p, "tails": keep("none", "est-int8", "half", "fit")})
     return out
 
 
@@ -135,7 +143,8 @@ def reduce(measures: dict[str, dict[str, Tensor]], needle_steps: Tensor, runs: d
     Returns:
         dict: design -> ``err`` (mean), ``err_worst_layer`` ([layer, value]), ``err_per_layer``, ``err_<run>``,
         ``kept``, ``kept_worst_layer``, ``needle`` (share of the needle's pages read at the needle steps, mean over
-        layers and KV heads), ``needle_worst_layer``, ``pages``, ``bytes`` (share of dense K+V), ``tail_bias``
+        layers and KV heads), ``needle_worst_layer``, ``needle_attended`` (the same where the needle's pages hold at least 1% of the true mass,
+        over ``needle_attended_cases`` (layer, KV head, step) cases), ``pages``, ``bytes`` (share of dense K+V), ``tail_bias``
         (median of ``log(true / est)``), ``tail_bias_per_layer``, ``bias_per_layer`` (``bc``'s fitted ``b_l``).
     """
     out = {}
@@ -143,12 +152,17 @@ def reduce(measures: dict[str, dict[str, Tensor]], needle_steps: Tensor, runs: d
         err = m["err"].mean(dim=(1, 2, 3))  # [L]
         kept = m["kept"].mean(dim=(1, 2))
         needle = m["needle"][:, :, needle_steps].mean(dim=(1, 2))
+        # where the needle matters: (layer, KV head, needle step) whose needle pages hold >= 1% of the true mass
+        attended = m["needle_mass"][:, :, needle_steps] >= 0.01
         row = {"err": round(err.mean().item(), 4), "err_worst_layer": [int(err.argmax()), round(err.max().item(), 4)],
                "err_per_layer": [round(x, 4) for x in err.tolist()],
                **{f"err_{run}": round(m["err"][:, :, steps].mean().item(), 4) for run, steps in runs.items()},
                "kept": round(kept.mean().item(), 4), "kept_worst_layer": [int(kept.argmin()), round(kept.min().item(), 4)],
                "needle": round(needle.mean().item(), 4),
                "needle_worst_layer": [int(needle.argmin()), round(needle.min().item(), 4)],
+               "needle_attended": (round(m["needle"][:, :, needle_steps][attended].mean().item(), 4)
+                                   if attended.any() else None),
+               "needle_attended_cases": int(attended.sum()),
                "pages": round(m["pages"].mean().item(), 1), "bytes": round(m["bytes"].mean().item(), 4)}
         bias = m["tail_bias"]
         if not bias.isnan().all():
