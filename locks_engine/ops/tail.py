@@ -119,6 +119,24 @@ def cache_value_means(v_cache: Tensor, page_size: int, fmt: str) -> Tensor:
     return store_value_means(means, fmt)
 
 
+def row_value_means(v_cache: Tensor, block_table: Tensor, page_size: int, fmt: str) -> Tensor:
+    """Mean value vector of every logical page of each row, stored in ``fmt`` and read back (computed from the V
+    cache: the reference; a backend keeps them in a store written when a page completes, as summaries are).
+
+    Args:
+        v_cache (Tensor): `[num_blocks, block_size, H, D]`; block_table (Tensor): `[S, max_blocks]`.
+    Returns:
+        Tensor: fp32 `[S, Pmax, H, D]`, ``Pmax = max_blocks * block_size / B``.
+    Raises:
+        ValueError: when ``B`` does not divide the block size, or on an unknown format.
+    """
+    from locks_engine.ops.paging import gather_pages
+
+    if v_cache.shape[1] % page_size:
+        raise ValueError(f"page_size={page_size} does not divide the block size {v_cache.shape[1]}")
+    return store_value_means(gather_pages(v_cache, block_table, page_size).float().mean(2), fmt)
+
+
 def tail_paged_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -144,13 +162,13 @@ def tail_paged_attention(
         selected (Tensor): `[S, H, K]` logical pages, ``-1`` unused (``select_pages``).
         scores (Tensor): `[S, HQ, Pmax]` estimated log mass of each logical page (``score_pages``, with the scale
             of the attention), ``-inf`` for pages without a score; ``Pmax`` at most the block table's pages.
-        value_means (Tensor): `[num_pages, H, D]` fp32 by physical page id (``cache_value_means``).
+        value_means (Tensor): `[S, Pmax', H, D]` fp32 mean value of each logical page, ``Pmax' >= Pmax``
+            (``row_value_means``; from a store by physical page id: ``store[physical_page_ids(...)]``).
         page_size (int): B. scale (float | None): softmax scale, default ``D ** -0.5``.
     Returns:
         tuple: ``out`` `[S, HQ, D]` in ``q.dtype`` and ``lse`` `[S, HQ]` fp32 of the exact and estimated mass.
     """
     from locks_engine.ops.attention import sparse_paged_attention
-    from locks_engine.ops.paging import physical_page_ids
 
     seqs, num_q_heads, dim = q.shape
     heads = selected.shape[1]
@@ -162,8 +180,7 @@ def tail_paged_attention(
     read.scatter_(-1, torch.where(selected < 0, pmax, selected.clamp(max=pmax)), True)
     tail = complete.unsqueeze(1) & ~read[..., :pmax]  # [S, H, Pmax]
     tail = tail.repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax]
-    ids = physical_page_ids(block_table, k_cache.shape[1] // page_size)[:, :pmax]  # [S, Pmax]
-    means = value_means[ids].transpose(1, 2).repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax, D]
+    means = value_means[:, :pmax].transpose(1, 2).repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax, D]
     out_t, lse_t = tail_split(scores.float().masked_fill(~tail, float("-inf")), means)
     out, lse = merge_splits(out_x, lse_x, out_t, lse_t)
     return out.to(q.dtype), lse

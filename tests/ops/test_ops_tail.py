@@ -106,7 +106,7 @@ def brute_tail_attention(q, k, v, selected, scores, means, seq_len, page_size, s
 
 def test_tail_paged_attention_matches_a_brute_force_loop():
     from locks_engine.ops import physical_page_ids
-    from locks_engine.ops.tail import cache_value_means, tail_paged_attention
+    from locks_engine.ops.tail import cache_value_means, row_value_means, tail_paged_attention
 
     gen = torch.Generator().manual_seed(3)
     page, block, heads, hq, dim, scale = 4, 8, 2, 4, 8, 8 ** -0.5
@@ -118,13 +118,14 @@ def test_tail_paged_attention_matches_a_brute_force_loop():
     q = torch.randn(2, hq, dim, generator=gen)
     scores = torch.randn(2, hq, pmax, generator=gen)
     selected = torch.tensor([[[0, 5, -1], [2, 4, 5]], [[1, 3, -1], [0, 3, -1]]])
-    means = cache_value_means(v_cache, page, "bf16")
-    out, lse = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, scores, means, page, scale)
     ids = physical_page_ids(block_table, block // page)
+    means = cache_value_means(v_cache, page, "bf16")[ids]  # [S, Pmax, H, D] from a store by physical page id
+    assert torch.equal(means, row_value_means(v_cache, block_table, page, "bf16"))
+    out, lse = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, scores, means, page, scale)
     for s in range(2):
         k = k_cache[block_table[s]].reshape(-1, heads, dim)
         v = v_cache[block_table[s]].reshape(-1, heads, dim)
-        ref = brute_tail_attention(q[s], k, v, selected[s], scores[s], means[ids[s]], int(seq_lens[s]), page, scale)
+        ref = brute_tail_attention(q[s], k, v, selected[s], scores[s], means[s], int(seq_lens[s]), page, scale)
         assert torch.allclose(out[s], ref, atol=1e-5), s
     assert torch.isfinite(lse).all()
     # a selection of every page: the tail is empty, exact attention over the whole row
