@@ -45,7 +45,13 @@ def parse_args(argv):
     ap.add_argument("--depth", type=float, default=0.5, help="needle depth in the haystack")
     ap.add_argument("--steps", type=int, default=32, help="consecutive decode steps a run")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--redraw", action="store_true",
+                    help="measure nothing: redraw --folder's figure from its JSON files")
+    ap.add_argument("--folder", help="results folder under --out-dir (default <date>_cpu_<commit>_tail): to add a "
+                                     "context to an earlier run's folder; each JSON keeps its own commit")
     args = ap.parse_args(argv)
+    if args.redraw and not args.folder:
+        ap.error("--redraw needs --folder")
     bad = [f for f in args.fractions + args.levels + [args.floor, args.cap] if not 0 < f <= 1]
     if bad or args.floor > args.cap or not 0 <= args.depth <= 1 or args.steps < 1:
         ap.error("fractions, levels, --floor and --cap must lie in (0, 1], --floor <= --cap, --depth in [0, 1], "
@@ -110,12 +116,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     cfg = study_config(LocksConfig())
     results = {}
-    for context in args.contexts:
+    for context in [] if args.redraw else args.contexts:
         results[str(context)] = run_context(args, context, cfg)
         print(f"\n{context} tokens\n" + "\n".join(table(results[str(context)]["designs"])))
     head = header("studies/tail_estimate.py", argv, {"--model": "MODEL_DIR", "--cache-dir": "CACHE_DIR",
                                                      "--book": "../shared/data/books/{name}"})
-    folder = Path(args.out_dir) / f"{run_folder(head)}_tail"
+    folder = Path(args.out_dir) / (args.folder or f"{run_folder(head)}_tail")
     common = {**head, "model": Path(args.model).name, "book": Path(args.book).name, "locks": cfg.to_dict(),
               "fractions": args.fractions, "levels": args.levels, "floor": args.floor, "cap": args.cap,
               "steps": args.steps}

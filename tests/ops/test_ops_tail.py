@@ -19,7 +19,8 @@ def attend(q, keys, values, scale):
 
 def test_merge_of_two_exact_splits_is_attention_over_their_union():
     gen = torch.Generator().manual_seed(0)
-    q, keys, values = torch.randn(8, generator=gen), torch.randn(40, 8, generator=gen), torch.randn(40, 8, generator=gen)
+    q = torch.randn(8, generator=gen)
+    keys, values = torch.randn(40, 8, generator=gen), torch.randn(40, 8, generator=gen)
     out_a, lse_a = attend(q, keys[:13], values[:13], 0.5)
     out_b, lse_b = attend(q, keys[13:], values[13:], 0.5)
     out, lse = merge_splits(out_a, lse_a, out_b, lse_b)

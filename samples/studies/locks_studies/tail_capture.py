@@ -66,7 +66,8 @@ def needle_capture(cache_dir: str | Path, model_dir: str | Path, book: str | Pat
     runs = trial_positions(n_prompt, len(answer), steps, question_at - suffix)
     positions = runs["prose"] + runs["answer"]
     key = json.dumps([Path(model_dir).name, name, context, depth, steps, hashlib.sha1(str(ids).encode()).hexdigest()])
-    path = Path(cache_dir) / f"tail_{Path(model_dir).name}_{name}_{context}_{hashlib.sha1(key.encode()).hexdigest()[:10]}.pt"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+    path = Path(cache_dir) / f"tail_{Path(model_dir).name}_{name}_{context}_{digest}.pt"
     if path.is_file():
         log(f"capture: cached {path}")
         return torch.load(path, weights_only=False)

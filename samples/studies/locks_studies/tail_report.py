@@ -8,11 +8,10 @@ from html import escape
 #: series of the figure: (label, design-name pattern with {f} for the fixed fraction or {p} for the level, colour)
 SERIES = (
     ("top-k (today)", "fixed-{f}", "#444444"),
-    ("oracle top-k", "oracle-{f}", "#999999"),
+    ("oracle top-k", "oracle-{f}", "#aaaaaa"),
     ("top-k + tail (int8)", "fixed-{f}+est-int8", "#1f77b4"),
     ("top-k + half-page tail (int8)", "fixed-{f}+half", "#ff7f0e"),
     ("top-k + tail, fitted shrink", "fixed-{f}+fit", "#17becf"),
-    ("top-k + true-mass tail (floor)", "fixed-{f}+true", "#aec7e8"),
     ("mass-sized", "mass-{p}", "#d62728"),
     ("mass-sized + tail (int8)", "mass-{p}+est-int8", "#2ca02c"),
     ("mass-sized + half-page tail (int8)", "mass-{p}+half", "#9467bd"),
@@ -33,10 +32,14 @@ def svg_chart(panels: list[tuple[str, dict[str, list[tuple[float, float]]]]], co
     legend below. Returns the SVG text."""
     ys = [y for _, s in panels for pts in s.values() for _, y in pts if y > 0]
     xs = [x for _, s in panels for pts in s.values() for x, _ in pts]
-    y_lo, y_hi = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
-    x_lo, x_hi = 0.0, math.ceil(max(xs) / 5) * 5
+    ticks = [m * 10.0 ** e for e in range(-6, 3) for m in (1, 2, 5)]  # 1-2-5 ticks of the log axis
+    y_ticks = [t for t in ticks if max(t for t in ticks if t <= min(ys)) <= t <= min(t for t in ticks if t >= max(ys))]
+    y_lo, y_hi = math.log10(y_ticks[0]), math.log10(y_ticks[-1])
+    x_lo, x_hi = math.floor(min(xs) / 5) * 5.0, math.ceil(max(xs) / 5) * 5.0
+    x_hi = max(x_hi, x_lo + 5)
     ml, mt, pw, ph = 46, 34, width - 60, height - 70
-    legend_h = 16 * math.ceil(len(colours) / 2) + 10
+    columns = max(2, len(panels))
+    legend_h = 16 * math.ceil(len(colours) / columns) + 10
     total_w, total_h = width * len(panels), height + legend_h
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" font-family="sans-serif" '
            f'font-size="10"><rect width="100%" height="100%" fill="white"/>',
@@ -46,16 +49,16 @@ def svg_chart(panels: list[tuple[str, dict[str, list[tuple[float, float]]]]], co
         return off + ml + (x - x_lo) / (x_hi - x_lo) * pw
 
     def py(y: float) -> float:
-        return mt + ph - (math.log10(y) - y_lo) / (y_hi - y_lo) * ph
+        return mt + ph - (math.log10(y) - y_lo) / max(y_hi - y_lo, 1e-9) * ph
 
     for i, (name, series) in enumerate(panels):
         off = i * width
         out.append(f'<text x="{off + ml + pw / 2}" y="{mt - 6}" text-anchor="middle">{escape(name)}</text>')
         out.append(f'<rect x="{off + ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
-        for e in range(y_lo, y_hi + 1):
-            y = py(10.0 ** e)
+        for t in y_ticks:
+            y = py(t)
             out.append(f'<line x1="{off + ml}" x2="{off + ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                       f'<text x="{off + ml - 3}" y="{y + 3:.1f}" text-anchor="end">1e{e}</text>')
+                       f'<text x="{off + ml - 3}" y="{y + 3:.1f}" text-anchor="end">{t:g}</text>')
         for x in range(int(x_lo), int(x_hi) + 1, 5):
             out.append(f'<text x="{px(x, off):.1f}" y="{mt + ph + 12}" text-anchor="middle">{x}</text>')
         out.append(f'<text x="{off + ml + pw / 2}" y="{mt + ph + 26}" text-anchor="middle">'
@@ -70,9 +73,8 @@ def svg_chart(panels: list[tuple[str, dict[str, list[tuple[float, float]]]]], co
             path = " ".join(f"{px(x, off):.1f},{py(y):.1f}" for x, y in pts)
             c = colours[label]
             out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.5"/>')
-            out.extend(f'<circle cx="{px(x, off):.1f}" cy="{py(y):.1f}" r="2" fill="{c}"/>' for x, y in pts)
     for j, (label, c) in enumerate(colours.items()):
-        x, y = 20 + (j % 2) * total_w / 2, height + 8 + 16 * (j // 2)
+        x, y = 20 + (j % columns) * total_w / columns, height + 8 + 16 * (j // columns)
         out.append(f'<line x1="{x}" x2="{x + 18}" y1="{y}" y2="{y}" stroke="{c}" stroke-width="2"/>'
                    f'<text x="{x + 24}" y="{y + 4}">{escape(label)}</text>')
     out.append("</svg>")

@@ -143,9 +143,10 @@ def reduce(measures: dict[str, dict[str, Tensor]], needle_steps: Tensor, runs: d
     Returns:
         dict: design -> ``err`` (mean), ``err_worst_layer`` ([layer, value]), ``err_per_layer``, ``err_<run>``,
         ``kept``, ``kept_worst_layer``, ``needle`` (share of the needle's pages read at the needle steps, mean over
-        layers and KV heads), ``needle_worst_layer``, ``needle_attended`` (the same where the needle's pages hold at least 1% of the true mass,
-        over ``needle_attended_cases`` (layer, KV head, step) cases), ``pages``, ``bytes`` (share of dense K+V), ``tail_bias``
-        (median of ``log(true / est)``), ``tail_bias_per_layer``, ``bias_per_layer`` (``bc``'s fitted ``b_l``).
+        layers and KV heads), ``needle_worst_layer``, ``needle_attended`` (the same where the needle's pages hold
+        at least 1% of the true mass, over ``needle_attended_cases`` (layer, KV head, step) cases), ``pages``,
+        ``bytes`` (share of dense K+V), ``tail_bias`` (median of ``log(true / est)``), ``tail_bias_per_layer``,
+        ``bias_per_layer`` (a fitted tail's ``b_l``).
     """
     out = {}
     for name, m in measures.items():
@@ -157,7 +158,8 @@ def reduce(measures: dict[str, dict[str, Tensor]], needle_steps: Tensor, runs: d
         row = {"err": round(err.mean().item(), 4), "err_worst_layer": [int(err.argmax()), round(err.max().item(), 4)],
                "err_per_layer": [round(x, 4) for x in err.tolist()],
                **{f"err_{run}": round(m["err"][:, :, steps].mean().item(), 4) for run, steps in runs.items()},
-               "kept": round(kept.mean().item(), 4), "kept_worst_layer": [int(kept.argmin()), round(kept.min().item(), 4)],
+               "kept": round(kept.mean().item(), 4),
+               "kept_worst_layer": [int(kept.argmin()), round(kept.min().item(), 4)],
                "needle": round(needle.mean().item(), 4),
                "needle_worst_layer": [int(needle.argmin()), round(needle.min().item(), 4)],
                "needle_attended": (round(m["needle"][:, :, needle_steps][attended].mean().item(), 4)
