@@ -17,6 +17,9 @@ SUMMARY_FORMATS = LOCKS_FORMATS + QUEST_FORMATS
 #: How a decode step finds the pages worth reading (``locks_engine/ops/superpages.py`` for ``two-level``;
 #: ``oracle``: the exact page log-sum-exp, a quality reference).
 SELECTIONS = ("flat", "two-level", "oracle")
+#: What the pages a step does not read contribute (``locks_engine/ops/tail.py``): nothing, or their estimated mass
+#: times their mean value vector, kept in int8 or bf16.
+TAILS = ("none", "int8", "bf16")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,12 @@ class LocksConfig:
     the pages of ``ceil(c * K / 16)`` superpages (plus the forced ones). One value for every layer, or one per
     layer (layer ``i`` of the model takes entry ``i``); 0 scores that layer flat."""
 
+    tail: str = "none"
+    """``none``: the pages a step does not read are left out of the softmax. ``int8`` / ``bf16``: each complete page
+    not read enters it as ``exp(s_j) vbar_j``, its estimated log mass ``s_j`` (the score it was ranked by) times
+    its mean value vector kept in that format, merged with the exact pages by log-sum-exp (``ops/tail.py``;
+    ``samples/studies/TAIL_ESTIMATE.md``). Flat and oracle selections, LOCKS formats, CPU path only for now."""
+
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, 1)
         _check_int("rank", self.rank, 1)
@@ -82,6 +91,13 @@ class LocksConfig:
             why = "has no page centroids for superpages" if self.selection == "two-level" else "is a selector itself"
             raise ValueError(
                 f"LocksConfig.summary_format={self.summary_format!r} {why}: allowed with selection 'flat' only"
+            )
+        if self.tail not in TAILS:
+            raise ValueError(f"LocksConfig.tail={self.tail!r}: allowed {', '.join(TAILS)}")
+        if self.tail != "none" and (self.selection == "two-level" or self.summary_format in QUEST_FORMATS):
+            raise ValueError(
+                f"LocksConfig.tail={self.tail!r} needs page log-mass estimates: allowed with selection 'flat' or "
+                "'oracle' and a LOCKS summary format"
             )
         if isinstance(self.candidates, list):
             object.__setattr__(self, "candidates", tuple(self.candidates))

@@ -29,6 +29,7 @@ from locks_engine.ops.paging import selected_blocks
 from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction, scanned_summaries, select_two_level
+from locks_engine.ops.tail import row_value_means, tail_paged_attention
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
@@ -54,6 +55,8 @@ class CpuPath:
         self.scale = scale
         self.allow_amx = allow_amx
         self.layout = compat.kv_layout_name()
+        # the flat scan's scores of the last select, for the tail estimate of the attend that follows it
+        self._tail_scores: Tensor | None = None
 
     def amx(self, kv_cache: Tensor) -> bool:
         """Whether the cache is in the ``amx`` layout (which no strided view describes)."""
@@ -134,6 +137,7 @@ class CpuPath:
             scores = self._scores(q, kv_cache, store, block_table, seq_lens, cfg)
             selected = select_pages(scores, seq_lens, self.num_kv_heads, cfg)
             scanned = (seq_lens.long() // cfg.page_size).sum(dtype=torch.float32)
+        self._tail_scores = scores if cfg.tail != "none" and not every and not selection.two_level else None
         return trim_selected(selected), block_table, every, scanned
 
     def _scores(self, q: Tensor, kv_cache: Tensor, store: PageSummaries | None, block_table: Tensor, seq_lens: Tensor,
@@ -154,7 +158,12 @@ class CpuPath:
         """Exact softmax attention over the selected pages only (paper Section 3.4), written into ``out``
         `[S, HQ, D]`."""
         page_size = meta.cfg.page_size
-        if self.amx(kv_cache):
+        tail, self._tail_scores = self._tail_scores, None
+        if tail is not None:
+            if self.amx(kv_cache):
+                raise ValueError(f"LocksConfig.tail={meta.cfg.tail!r}: not on vLLM's amx cache layout")
+            attn = self._attend_with_tail(q, kv_cache, selected, block_table, seq_lens, tail, meta)
+        elif self.amx(kv_cache):
             # -1 slots read page 0, masked in the attention
             blocks, in_block = selected_blocks(block_table, selected, kv_cache.shape[2] // page_size)
             heads = torch.arange(self.num_kv_heads).view(1, -1, 1)
@@ -167,6 +176,17 @@ class CpuPath:
                 q, k_cache, v_cache, block_table, seq_lens, selected, page_size, self.scale
             )
         out.copy_(attn)
+
+    def _attend_with_tail(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
+                          scores: Tensor, meta: LocksMetadata) -> Tensor:
+        """``ops.tail.tail_paged_attention``: the selected pages exactly, every other complete page as its score
+        times its mean value (``cfg.tail``'s format; the reference computes the means from the V cache)."""
+        page_size = meta.cfg.page_size
+        k_cache, v_cache = compat.split_kv_cache(kv_cache, self.head_size, self.layout)
+        means = row_value_means(v_cache, block_table, page_size, meta.cfg.tail)
+        attn, _ = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, scores, means, page_size,
+                                       self.scale)
+        return attn
 
     def _read_pages(self, kv_cache: Tensor, blocks: Tensor, heads: Tensor, pages: Tensor, meta: LocksMetadata):
         """K and V `[..., B, D]` of whole pages of an ``amx`` cache (``compat.read_cpu_pages``)."""

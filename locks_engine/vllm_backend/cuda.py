@@ -35,8 +35,10 @@ CUDA_SUMMARY_FORMATS = ("colwise8",)
 def check_summary_format(cfg: LocksConfig) -> None:
     """Raises:
         ValueError: ``cfg.summary_format`` is not one the CUDA kernels implement (the other formats are CPU
-            references, for the fidelity study).
+            references, for the fidelity study), or ``cfg.tail`` asks for the tail estimate (CPU path only).
     """
+    if cfg.tail != "none":
+        raise ValueError(f"LocksConfig.tail={cfg.tail!r}: the tail estimate runs on the CPU path only for now")
     if cfg.summary_format not in CUDA_SUMMARY_FORMATS:
         raise ValueError(
             f"LocksConfig.summary_format={cfg.summary_format!r}: allowed on CUDA {', '.join(CUDA_SUMMARY_FORMATS)} "

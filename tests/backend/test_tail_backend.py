@@ -1,0 +1,92 @@
+"""The tail estimate through the LOCKS backend's CPU path (``LocksConfig(tail="int8"|"bf16")``), without an engine:
+the complete pages a decode step does not read enter the softmax as their score times their mean value
+(``ops.tail``). The invariants: the setting is validated and travels through ``additional_config``; with the
+oracle's exact page masses the output is the brute-force sum over the selected tokens and the other pages' means;
+with LOCKS' estimates it is nearer dense attention than dropping the tail; a budget covering the context is dense."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
+
+from locks_engine.config import LocksConfig  # noqa: E402
+from locks_engine.vllm_backend.config_keys import check_settings, locks_config  # noqa: E402
+from locks_engine.vllm_backend.cuda import check_summary_format  # noqa: E402
+from tests.backend.test_oracle_backend import PAGE, SelectionRecorder  # noqa: E402
+from tests.backend.test_vllm_backend_scenarios import D, H, HQ, SCENARIOS, Run, assert_close  # noqa: E402
+
+
+def decode_run(cfg: LocksConfig, seed: int = 0, name: str = "medium_decode"):
+    run = Run(SCENARIOS[name], cfg, torch.float32, seed=seed)
+    recorder = SelectionRecorder()
+    run.impl.hooks.append(recorder)
+    run.prefill_context()
+    return run, run.scenario_step(), recorder.selected[-1]
+
+
+def brute_force(run: Run, selected: torch.Tensor, fmt: str) -> torch.Tensor:
+    """`[S, HQ, D]`: per decode row and query head, exact weights on the selected pages' tokens and the exact page
+    mass times the page's mean value (stored in ``fmt``) for every other complete page."""
+    from locks_engine.ops.tail import store_value_means
+
+    rows = []
+    for row, n in enumerate(run.batch.seq_lens):
+        q, k, v = run.q[row][n - 1].float(), run.k[row][:n].float(), run.v[row][:n].float()
+        out = torch.zeros(HQ, D)
+        for hq in range(HQ):
+            h = hq // (HQ // H)
+            logits = (k[:, h] @ q[hq]) * D**-0.5  # [n]
+            pages = [int(p) for p in selected[row, h] if p >= 0]
+            read = torch.zeros(n, dtype=torch.bool)
+            for p in pages:
+                read[p * PAGE:(p + 1) * PAGE] = True
+            w = torch.exp(logits - logits.max())
+            num, den = (w[read, None] * v[read, h]).sum(0), w[read].sum()
+            for p in range(n // PAGE):
+                if p not in pages:
+                    span = slice(p * PAGE, (p + 1) * PAGE)
+                    num = num + w[span].sum() * store_value_means(v[span, h].mean(0), fmt)
+                    den = den + w[span].sum()
+            out[hq] = num / den
+        rows.append(out)
+    return torch.stack(rows)
+
+
+def test_the_setting_is_validated_and_travels_through_additional_config() -> None:
+    cfg = LocksConfig(budget=64, tail="int8")
+    extra = {"locks": cfg.to_dict()}
+    check_settings(extra)
+    assert locks_config(extra) == cfg and LocksConfig().tail == "none"
+    with pytest.raises(ValueError, match=r"^LocksConfig\.tail='fp8': allowed none, int8, bf16$"):
+        LocksConfig(tail="fp8")
+    with pytest.raises(ValueError, match="needs page log-mass estimates"):
+        LocksConfig(tail="int8", selection="two-level")
+    with pytest.raises(ValueError, match="needs page log-mass estimates"):
+        LocksConfig(tail="bf16", summary_format="quest")
+    with pytest.raises(ValueError, match="CPU path only"):
+        check_summary_format(cfg)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_with_exact_page_masses_the_output_is_the_brute_force_tail_sum(fmt: str) -> None:
+    run, out, selected = decode_run(LocksConfig(budget=4 * PAGE, selection="oracle", tail=fmt))
+    assert (selected >= 0).sum(-1).max() == 4  # the longest rows are sparse
+    assert_close("oracle+tail", brute_force(run, selected, fmt), out, 1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_estimated_tail_is_nearer_dense_than_dropping_it(seed: int) -> None:
+    run, dropped, sel_a = decode_run(LocksConfig(budget=4 * PAGE), seed)
+    run_t, tailed, sel_b = decode_run(LocksConfig(budget=4 * PAGE, tail="int8"), seed)
+    assert torch.equal(sel_a, sel_b)  # the tail changes what is added, not what is read
+    dense = run.reference()
+    err = lambda o: ((o - dense).norm(dim=-1) / dense.norm(dim=-1)).mean()  # noqa: E731
+    assert err(tailed) < 0.5 * err(dropped)
+
+
+def test_a_budget_covering_the_context_is_dense_attention() -> None:
+    batch = SCENARIOS["medium_decode"]
+    run, out, _ = decode_run(LocksConfig(budget=max(batch.seq_lens) + 3 * PAGE, tail="int8"))
+    assert_close("covering", run.reference(), out, 1e-5)
