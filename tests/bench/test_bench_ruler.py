@@ -34,7 +34,8 @@ from tests.support.paths import REPO as ROOT
     ("locks:5%:quest4", Setting("locks", percent=5.0, selection="quest4"), "locks:5%:quest4"),
     ("locks:2048:quest", Setting("locks", budget=2048, selection="quest"), "locks:2048:quest"),
     ("locks:2048:Oracle", Setting("locks", budget=2048, selection="oracle"), "locks:2048:oracle"),
-], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all", "quest4", "quest", "oracle"])
+    ("locks:2048:tail", Setting("locks", budget=2048, selection="tail"), "locks:2048:tail"),
+], ids=["dense", "dense-spaces", "tokens", "percent", "fraction-percent", "all", "quest4", "quest", "oracle", "tail"])
 def test_parse_setting(text, setting, name):
     assert parse_setting(text) == setting
     assert parse_setting(text).name == name
@@ -43,7 +44,7 @@ def test_parse_setting(text, setting, name):
 @pytest.mark.parametrize("text", ["locks", "locks:", "locks:0", "locks:-16", "locks:abc", "locks:0%", "locks:150%",
                                   "locks:nan%", "locks:inf%", "quest:5%", "sparse", "locks:2048tokens",
                                   "locks:5%:quest3", "locks:5%:quest4:c=4", "locks:5%:oracles", "dense:oracle",
-                                  "locks:2048:oracle:c=4"])
+                                  "locks:2048:oracle:c=4", "locks:2048:tail:c=4", "locks:2048:tails"])
 def test_parse_setting_refuses_with_one_line(text):
     with pytest.raises(RulerError) as err:
         parse_setting(text)
@@ -411,6 +412,16 @@ def test_a_quest_setting_is_the_flat_scan_over_quest_bounds_at_the_same_budget()
     assert quest.summary_format == "quest4" and quest.selection == "flat"
     assert quest.budget == locks.budget == 208
     assert parse_setting("locks:5%:quest4").candidates == ()
+
+
+def test_a_tail_setting_is_the_flat_scan_plus_the_int8_tail_at_the_same_budget():
+    tail = ruler.locks_settings(parse_setting("locks:2048:tail"), 16384)
+    locks = ruler.locks_settings(parse_setting("locks:2048"), 16384)
+    assert (tail.tail, locks.tail) == ("int8", "none") and tail.selection == locks.selection == "flat"
+    assert tail.budget == locks.budget == 2048 and parse_setting("locks:2048:tail").candidates == ()
+    args = ruler.model_args("/m", parse_setting("locks:2048:tail"), 16384, cuda=True, sizes=ruler.EngineSizes())
+    assert args["additional_config"]["locks"]["tail"] == "int8"
+    check_settings(args["additional_config"])
 
 
 def test_an_oracle_setting_is_the_exact_lse_oracle_at_the_same_budget():
