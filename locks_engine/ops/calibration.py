@@ -93,6 +93,20 @@ def candidate_recall(
     """
     scores = score_pages(q, store, block_table, seq_lens, cfg.page_size, block_size, scale)  # [T, HQ, Pmax]
     coarse = superpage_scores(q, superpages, block_table, seq_lens, cfg.page_size, block_size, scale)
+    return recall_from_scores(scores, coarse, seq_lens, num_kv_heads, cfg, choices)
+
+
+def recall_from_scores(scores: Tensor, coarse: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: LocksConfig,
+                       choices: tuple[int, ...] = CALIBRATION_CHOICES) -> Tensor:
+    """``candidate_recall`` from page and superpage scores computed elsewhere (the Triton kernels on CUDA).
+
+    Args:
+        scores (Tensor): fp32 `[T, HQ, Pmax]` (``score_pages``). coarse (Tensor): fp32 `[T, HQ, NSmax]`
+            (``superpage_scores``). seq_lens (Tensor): `[T]` tokens. num_kv_heads (int): H.
+        cfg (LocksConfig): budget, forced pages. choices (tuple): the ``c`` measured.
+    Returns:
+        Tensor: fp32 `[len(choices), T, H]`, as ``candidate_recall``.
+    """
     shares = group_mass_shares(scores, num_kv_heads)
     forced = forced_page_mask(seq_lens, scores.shape[-1], cfg)
     flat = selected_shares(shares, select_pages(scores, seq_lens, num_kv_heads, cfg), forced)  # [T, H]
