@@ -15,7 +15,7 @@ from locks_engine.config import LocksConfig  # noqa: E402
 from locks_engine.ops.calibration import CALIBRATION_CHOICES, candidate_recall, pick_candidates  # noqa: E402
 from locks_engine.ops.superpages import superpage_config  # noqa: E402
 import tests.backend.test_vllm_backend_scenarios as scenarios  # noqa: E402
-from tests.backend.test_vllm_backend_scenarios import BLOCK_SIZE, D, H, Batch, Run  # noqa: E402
+from tests.backend.test_vllm_backend_scenarios import BLOCK_SIZE, D, H, Batch, Run, platform  # noqa: E402,F401
 
 #: prefill 2047, 1499 and 511 tokens, then one decode token each; the last prefill row (511 tokens, 31 pages) is the
 #: one calibrated on
@@ -65,3 +65,22 @@ def test_a_prompt_within_the_budget_leaves_c() -> None:
     run = Run(Batch([80, 64], [1, 1]), CFG, torch.float32)
     run.prefill_context()
     assert run.impl.calibration.c == CALIBRATION_CHOICES[-1]
+
+
+def test_auto_on_cuda_reads_c_as_data(platform: str, monkeypatch) -> None:
+    """The CUDA path scores the prompt with the kernels, keeps ``c`` on the device, and decodes at the capacity
+    with that ``c`` as data as a hand-given table of it decodes."""
+    import locks_engine.vllm_backend.calibration as calibration
+
+    if platform != "cuda":
+        pytest.skip("the CUDA path's calibration (the CPU path's: the tests above)")
+    monkeypatch.setattr(calibration, "CALIBRATION_THRESHOLD", 0.0)
+    run = Run(LONG, CFG, torch.float32, device="cuda")
+    run.prefill_context()
+    cal = run.impl.calibration
+    assert cal.c == CALIBRATION_CHOICES[0] and cal.live.is_cuda
+    assert int(cal.live) == superpage_config(CFG, cal.c).budget_pages
+    out = run.scenario_step()
+    hand = Run(LONG, replace(CFG, candidates=(cal.c,)), torch.float32, device="cuda")
+    hand.prefill_context()
+    assert torch.equal(out, hand.scenario_step())
