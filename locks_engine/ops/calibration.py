@@ -27,7 +27,7 @@ from locks_engine.ops.superpages import candidate_pages, superpage_config, super
 #: the ``c`` a layer may take, ascending; the largest is the kernels' capacity (``locks_kernels.superpages``)
 CALIBRATION_CHOICES = (4, 8, 16, 32)
 #: least recall of the flat scan's estimated mass a layer's ``c`` must reach (``samples/studies/CALIBRATION.md``)
-CALIBRATION_THRESHOLD = 0.98
+CALIBRATION_THRESHOLD = 0.99
 #: the prompt's last queries the recall is measured on
 CALIBRATION_QUERIES = 16
 
