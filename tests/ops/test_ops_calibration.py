@@ -99,3 +99,12 @@ def test_prompt_queries_are_the_row_last_tokens():
     assert rows == slice(84, 100) and lens.tolist() == list(range(285, 301))
     rows, lens = prompt_queries(query_len=3, seq_len=3, count=16)
     assert rows == slice(0, 3) and lens.tolist() == [1, 2, 3]
+
+
+def test_auto_is_a_candidates_setting_whose_layers_take_the_capacity():
+    cfg = LocksConfig.from_dict({"selection": "two-level", "candidates": "auto"})
+    assert cfg.calibrated and hash(cfg) and cfg.layer_candidates(7) == 32 and cfg.layer_candidates(None) == 32
+    assert LocksConfig().candidates == "auto" and not LocksConfig().calibrated  # flat: nothing to calibrate
+    assert not LocksConfig(selection="two-level", candidates=(4,)).calibrated
+    with pytest.raises(ValueError, match='allowed "auto" or a non-empty list'):
+        LocksConfig(selection="two-level", candidates="fast")
