@@ -199,7 +199,8 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         assert tile_pages == 16, "a listed tile is a superpage of 16 pages"
         pmax = tiles.shape[-1] * tile_pages
     if live_tiles is not None:
-        assert tiles is not None and live_tiles.dtype == torch.int32 and live_tiles.numel() == 1, "live_tiles: int32 [1]"
+        assert tiles is not None, "live_tiles counts listed tiles: pass tiles"
+        assert live_tiles.dtype == torch.int32 and live_tiles.numel() == 1, "live_tiles: int32 [1]"
     groups = num_q_heads // heads
     if out is None:
         out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)

@@ -12,8 +12,9 @@ and on the decode steps, and the decode steps' true mass over the exact-LSE orac
 
 Writes ``calibration_<model>.json`` into ``--out-dir/<date>_cpu_<commit>_calibration/``.
 
-    python samples/studies/study_calibration.py --model MODEL_DIR --book ../shared/data/books/milton_paradise_lost.txt \\
-        --cache-dir CACHE_DIR --tokens 32768 --contexts 32768 16384 8192 --reference keep-needle
+    python samples/studies/study_calibration.py --model MODEL_DIR \\
+        --book ../shared/data/books/milton_paradise_lost.txt --cache-dir CACHE_DIR --tokens 16384 \\
+        --contexts 16384 8192 --budgets 0.02 0.05 --budget-tokens 2048 --reference keep-needle
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from locks_studies.fidelity import DecodeSteps
 from locks_studies.selection_cost import paged_summaries
 
 
-def calibration_runs(context: int, steps: int = 32, runs: int = 2, prompt: int = 64) -> list[tuple[list[int], list[int]]]:
+def calibration_runs(context: int, steps: int = 32, runs: int = 2, prompt: int = 64
+                     ) -> list[tuple[list[int], list[int]]]:
     """``(prompt_queries, decode_steps)`` per run: the run's ``steps`` consecutive decode positions
     (``decode_runs``) and the ``prompt`` positions just before its first, the last queries of a prefill that ends
     where the run starts.
