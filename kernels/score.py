@@ -104,12 +104,12 @@ def _tile_lse(b_v8, b_c, b_mu, s_b, s_c, live, b_q16, q_hi, q_lo, s_q, scale, TP
 @triton.jit
 def _score_pages_kernel(
     q_ptr, centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr, tiles_ptr,
+    out_ptr, tiles_ptr, live_ptr,
     stride_qs, stride_qh, stride_bt, stride_os, stride_oh, stride_ts, stride_th,
     scale, H, PMAX, NPROG,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
     GP: tl.constexpr, PPB: tl.constexpr, TP: tl.constexpr, HALF: tl.constexpr, PTX: tl.constexpr,
-    STAGES: tl.constexpr, LIST: tl.constexpr,
+    STAGES: tl.constexpr, LIST: tl.constexpr, LIVE: tl.constexpr,
 ):
     i_p, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_tp = tl.arange(0, TP)
@@ -122,6 +122,9 @@ def _score_pages_kernel(
     if LIST:
         # slot tile i scores the pages of superpage tiles[s, h, i] (-1: none): every slot tile is walked
         n_live = n_tiles
+        if LIVE:
+            # only the first live_ptr[0] slot tiles are listed (a per-layer count, read on the device)
+            n_live = tl.minimum(tl.load(live_ptr), n_tiles)
     else:
         n_live = tl.cdiv(n_complete, TP)
     # tiles past the last complete page: -inf, nothing to read
@@ -176,7 +179,7 @@ def _programs_per_head(seqs: int, heads: int, tiles: int, programs_per_sm: int, 
     return max(1, min(tiles, sms * programs_per_sm // (seqs * heads)))
 
 
-def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles):
+def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles, live_tiles=None):
     centroid, basis, coeffs, basis_scale, coeffs_scale = summaries
     seqs, num_q_heads, dim = q.shape
     heads, rank = centroid.shape[1], coeffs.shape[-1]
@@ -195,6 +198,9 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         assert tiles.shape[:2] == (seqs, heads) and tiles.stride(-1) == 1, "tiles must be [S, H, M], contiguous"
         assert tile_pages == 16, "a listed tile is a superpage of 16 pages"
         pmax = tiles.shape[-1] * tile_pages
+    if live_tiles is not None:
+        assert tiles is not None, "live_tiles counts listed tiles: pass tiles"
+        assert live_tiles.dtype == torch.int32 and live_tiles.numel() == 1, "live_tiles: int32 [1]"
     groups = num_q_heads // heads
     if out is None:
         out = torch.empty(seqs, num_q_heads, pmax, dtype=torch.float32, device=q.device)
@@ -211,6 +217,7 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         seq_lens,
         out,
         out if tiles is None else tiles,
+        out if live_tiles is None else live_tiles,
         q.stride(0),
         q.stride(1),
         block_table.stride(0),
@@ -236,6 +243,7 @@ def _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale
         PTX=isinstance(_score_pages_kernel, triton.runtime.JITFunction),
         STAGES=stages,
         LIST=tiles is not None,
+        LIVE=live_tiles is not None,
         num_warps=num_warps,
     )
     return out
@@ -251,6 +259,7 @@ def score_pages(
     scale: float | None = None,
     out: Tensor | None = None,
     tiles: Tensor | None = None,
+    live_tiles: Tensor | None = None,
 ) -> Tensor:
     """Estimated log attention mass of each page, reading only its summary (paper Section 3.2, Eq. 2).
 
@@ -272,6 +281,8 @@ def score_pages(
         out (Tensor | None): fp32 `[S, HQ, Pmax]` written in place (fixed address for CUDA graphs).
         tiles (Tensor | None): int `[S, H, M]` superpages (tiles of 16 pages) to score per KV head, ``-1``
             unused (the two-level selection's second level, ``superpages.py``); None scores every page.
+        live_tiles (Tensor | None): with ``tiles``, int32 `[1]` on the device: only the first ``live_tiles[0]``
+            slot tiles are listed (the rest are written ``-inf`` unread, as unused tiles). None: all ``M``.
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]` (natural log), ``Pmax = max_blocks * block_size // B``; ``-inf`` for pages
         that are not complete or past the sequence. Reads ``S * H * P_complete`` summaries once each. With
@@ -281,4 +292,4 @@ def score_pages(
         AssertionError: on shapes, strides or dtypes the kernel does not take.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles)
+    return _score_fwd(q, summaries, block_table, seq_lens, page_size, block_size, scale, out, tiles, live_tiles)

@@ -89,12 +89,22 @@ def _take_top(keys, K, NT: tl.constexpr, ROUNDS: tl.constexpr):
 
 
 @triton.jit
+def _budget(k_ptr, K, K_DEV: tl.constexpr):
+    """The pages to take: ``K`` (the output's slots), or with ``K_DEV`` the first int32 at ``k_ptr``, at most
+    ``K`` (read on the device: a CUDA graph replays it with whatever the buffer holds)."""
+    k = K
+    if K_DEV:
+        k = tl.minimum(tl.load(k_ptr), K)
+    return k
+
+
+@triton.jit
 def _chunk_topk_kernel(
-    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr,
+    scores_ptr, seq_lens_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr, k_ptr,
     stride_ss, stride_sh, stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K,
     B: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
     SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr, LIST: tl.constexpr,
-    TP: tl.constexpr, SINGLE: tl.constexpr,
+    TP: tl.constexpr, SINGLE: tl.constexpr, K_DEV: tl.constexpr,
 ):
     i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     num_pages = (tl.load(seq_lens_ptr + i_s) + B - 1) // B
@@ -103,8 +113,8 @@ def _chunk_topk_kernel(
     # offers no candidate (or, as the only chunk, writes an empty selection) without reading its scores
     if i_c * C < num_pages:
         _chunk_topk(scores_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr, stride_ss, stride_sh,
-                    stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K, i_c, i_h, i_s, num_pages,
-                    G, GB, C, NPP, KP, SINK, RECENT, NT, ROUNDS, LIST, TP, SINGLE)
+                    stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K, _budget(k_ptr, K, K_DEV),
+                    i_c, i_h, i_s, num_pages, G, GB, C, NPP, KP, SINK, RECENT, NT, ROUNDS, LIST, TP, SINGLE)
     elif SINGLE:
         tl.store(out_ptr + i_s * stride_os + i_h * stride_oh + o_k, tl.full([KP], -1, tl.int64), mask=o_k < K)
     else:
@@ -115,12 +125,13 @@ def _chunk_topk_kernel(
 @triton.jit
 def _chunk_topk(
     scores_ptr, part_ptr, cand_key_ptr, cand_page_ptr, tiles_ptr, out_ptr,
-    stride_ss, stride_sh, stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K, i_c, i_h, i_s,
-    num_pages, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
+    stride_ss, stride_sh, stride_ts, stride_th, stride_os, stride_oh, HQ, PMAX, NCHUNK, NPART, K, K_LIVE, i_c, i_h,
+    i_s, num_pages, G: tl.constexpr, GB: tl.constexpr, C: tl.constexpr, NPP: tl.constexpr, KP: tl.constexpr,
     SINK: tl.constexpr, RECENT: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr, LIST: tl.constexpr,
     TP: tl.constexpr, SINGLE: tl.constexpr,
 ):
-    """One chunk's top ``K`` (``_chunk_topk_kernel``'s body for a chunk that holds pages of the sequence)."""
+    """One chunk's top ``K_LIVE`` (``_chunk_topk_kernel``'s body for a chunk that holds pages of the sequence);
+    ``K`` (at least ``K_LIVE``) output slots."""
     o_p = i_c * C + tl.arange(0, C)
     o_n = tl.arange(0, NPP)
     o_g = tl.arange(0, GB)
@@ -157,7 +168,7 @@ def _chunk_topk(
     forced = (page < SINK) | (page >= num_pages - 1 - RECENT)
     b_pri = tl.where(forced, 2.0, b_pri)
     keys = tl.where((page >= 0) & (page < num_pages) & (o_p < PMAX), b_pri.to(tl.int32, bitcast=True) + 1, 0)
-    take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
+    take, slot, n_taken = _take_top(keys, K_LIVE, NT, ROUNDS)
     o_k = tl.arange(0, KP)
     if SINGLE:
         # the chunk's top K is the answer, in page order: straight to the output (no merge)
@@ -172,14 +183,15 @@ def _chunk_topk(
 
 
 @triton.jit
-def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_oh, NCHUNK, K,
-                       KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
+def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, stride_os, stride_oh, NCHUNK, K,
+                       KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
+                       K_DEV: tl.constexpr):
     i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_n = tl.arange(0, NP)
     base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
     keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
     pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
-    take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
+    take, slot, n_taken = _take_top(keys, _budget(k_ptr, K, K_DEV), NT, ROUNDS)
     p_out = out_ptr + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + slot, pages.to(tl.int64), mask=take)
     o_k = tl.arange(0, KP)
@@ -187,8 +199,9 @@ def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, stride_os, stride_o
 
 
 @triton.jit
-def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUNK, NGROUP, K,
-                       GROUP: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
+def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, k_ptr, NCHUNK, NGROUP, K,
+                       GROUP: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
+                       K_DEV: tl.constexpr):
     """Top ``K`` candidates of chunks ``[g * GROUP, (g + 1) * GROUP)``, stored as one chunk's candidates."""
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_n = tl.arange(0, GROUP * KP)
@@ -197,7 +210,7 @@ def _group_topk_kernel(key_in_ptr, page_in_ptr, key_out_ptr, page_out_ptr, NCHUN
     valid = first + o_n < NCHUNK * KP
     keys = tl.load(key_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
     pages = tl.load(page_in_ptr + head * NCHUNK * KP + first + o_n, mask=valid, other=0)
-    take, slot, n_taken = _take_top(keys, K, NT, ROUNDS)
+    take, slot, n_taken = _take_top(keys, _budget(k_ptr, K, K_DEV), NT, ROUNDS)
     base = (head * NGROUP + i_g) * KP
     tl.store(key_out_ptr + base + slot, keys, mask=take)
     tl.store(page_out_ptr + base + slot, pages, mask=take)
@@ -243,7 +256,8 @@ def _warps(n: int) -> int:
     return min(16, max(4, triton.next_power_of_2(n) // 256))
 
 
-def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles):
+def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles,
+                budget_live=None):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -254,8 +268,10 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     if tiles is not None:
         assert tiles.shape == (seqs, num_kv_heads, pmax // TILE_PAGES) and pmax % TILE_PAGES == 0, "tiles: [S, H, M]"
         assert tiles.stride(-1) == 1, "tiles must be contiguous along M"
-    elif budget_pages >= pmax:
+    elif budget_pages >= pmax and budget_live is None:
         return every_page(seq_lens, num_kv_heads, pmax, page_size, out)
+    if budget_live is not None:
+        assert budget_live.dtype == torch.int32 and budget_live.numel() == 1, "budget_live: int32 [1]"
     kp = triton.next_power_of_2(slots)
     chunk, group = _plan(pmax, kp)
     nchunk = triton.cdiv(pmax, chunk)
@@ -287,6 +303,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         cand_page,
         cand_page if tiles is None else tiles,
         out,
+        out if budget_live is None else budget_live,
         scores.stride(0),
         scores.stride(1),
         0 if tiles is None else tiles.stride(0),
@@ -311,6 +328,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         LIST=tiles is not None,
         TP=TILE_PAGES,
         SINGLE=single,
+        K_DEV=budget_live is not None,
         num_warps=CHUNK_WARPS,
     )
     if single:
@@ -324,6 +342,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
             cand_page,
             group_key,
             group_page,
+            cand_key if budget_live is None else budget_live,
             nchunk,
             ngroup,
             slots,
@@ -331,6 +350,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
             KP=kp,
             NT=SEARCH_ARITY,
             ROUNDS=SEARCH_ROUNDS,
+            K_DEV=budget_live is not None,
             num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
@@ -338,6 +358,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         cand_key,
         cand_page,
         out,
+        out if budget_live is None else budget_live,
         out.stride(0),
         out.stride(1),
         nchunk,
@@ -346,6 +367,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         NP=triton.next_power_of_2(nchunk * kp),
         NT=SEARCH_ARITY,
         ROUNDS=SEARCH_ROUNDS,
+        K_DEV=budget_live is not None,
         num_warps=_warps(nchunk * kp),
     )
     return out
@@ -361,6 +383,7 @@ def select_pages(
     recent_pages: int,
     out: Tensor | None = None,
     tiles: Tensor | None = None,
+    budget_live: Tensor | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -382,13 +405,16 @@ def select_pages(
         tiles (Tensor | None): int `[S, H, Pmax / 16]` superpages ascending (``-1`` last, unused): slot
             ``16 i + j`` of ``scores`` is then page ``16 tiles[s, h, i] + j`` of KV head ``h`` (``score_pages``
             with ``tiles``), as ``locks_engine.ops.select.select_candidate_pages``; forced pages must be listed.
+        budget_live (Tensor | None): int32 `[1]` on the device: the pages taken, at most ``K`` (read by the
+            kernels, so a CUDA graph takes a new value without capture; the output keeps ``K`` slots, ``-1``
+            past what was taken; a budget of at least ``Pmax`` is then ranked too). None takes ``K``.
     Returns:
         Tensor: int64 `[S, H, min(K, Pmax)]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out,
-                       tiles)
+                       tiles, budget_live)
 
 
 def every_page(seq_lens: Tensor, num_kv_heads: int, pmax: int, page_size: int, out: Tensor | None = None) -> Tensor:

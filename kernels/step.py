@@ -30,6 +30,7 @@ def select_step(
     superpages: Tensor | None = None,
     candidates: int = 0,
     every: bool = False,
+    live: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Summarize the page (and superpage) this step's token completed (when ``build``), then pick the pages each KV
     head reads: every page unscored (``every``), the two-level scan (``superpages`` and ``candidates > 0``,
@@ -51,6 +52,8 @@ def select_step(
         candidates (int): ``c`` of the two-level scan; 0 scores every page.
         every (bool): read every page unscored (``every_page``); the caller decides, e.g. by
             ``locks_engine.ops.select.reads_every_page``. Completed pages are summarized all the same.
+        live (Tensor | None): int32 `[1]`, the two-level scan's superpages chosen, read on the device, with
+            ``candidates`` the capacity (``select_two_level``'s ``live``: a calibrated ``c``).
     Returns:
         tuple: ``selected`` int64 `[S, H, K']` logical pages ascending, ``-1`` in unused slots (``K' = Pmax`` with
         ``every``, else ``min(K, Pmax)``), and for the two-level scan ``chosen`` int64 `[S, H, M]`, the superpages
@@ -68,7 +71,7 @@ def select_step(
         return every_page(seq_lens, num_kv_heads, block_table.shape[1] * (block_size // page_size), page_size), None
     if superpages is not None and candidates > 0:
         return select_two_level(q, summaries, superpages, block_table, seq_lens, page_size, block_size,
-                                budget_pages, sink_pages, recent_pages, candidates, scale)
+                                budget_pages, sink_pages, recent_pages, candidates, scale, live=live)
     scores = score_pages(q, summaries, block_table, seq_lens, page_size, block_size, scale)
     return select_pages(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages), None
 
@@ -90,6 +93,7 @@ def decode_step(
     candidates: int = 0,
     every: bool = False,
     out: Tensor | None = None,
+    live: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``select_step`` then exact attention over the selected pages (paper Sections 3.1-3.4).
 
@@ -104,5 +108,5 @@ def decode_step(
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     selected, _ = select_step(q, k_cache, block_table, seq_lens, summaries, page_size, budget_pages, sink_pages,
-                              recent_pages, scale, build, superpages, candidates, every)
+                              recent_pages, scale, build, superpages, candidates, every, live)
     return sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, page_size, scale, out=out)

@@ -150,6 +150,7 @@ def select_two_level(
     candidates: int,
     scale: float | None = None,
     out: Tensor | None = None,
+    live: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Steps 2-5 of this module's doc: the pages each KV head reads, as ``ops.superpages.select_two_level``.
 
@@ -157,8 +158,14 @@ def select_two_level(
         q (Tensor): `[S, HQ, D]`. summaries (tuple): the colwise8 tuple (``score.score_pages``).
         superpages (Tensor): fp16 `[P, H, D]`. block_table (Tensor): `[S, max_blocks]` int32.
         seq_lens (Tensor): `[S]` int32. page_size (int): B. block_size (int): tokens a block.
-        budget_pages (int): K. sink_pages, recent_pages (int): forced pages. candidates (int): ``c >= 1``.
+        budget_pages (int): K. sink_pages, recent_pages (int): forced pages. candidates (int): ``c >= 1``, with
+            ``live`` the capacity (the largest ``c`` the layer may take).
         scale (float | None): default ``D ** -0.5``. out (Tensor | None): int64 `[S, H, K]` in place.
+        live (Tensor | None): int32 `[1]` on the device, the superpages chosen this step (``superpage_slots`` of
+            the layer's own ``c``, at most the capacity's): the layer's ``c`` as data, so that a CUDA graph
+            captured at the capacity takes a calibrated ``c`` (``locks_engine.ops.calibration``) without a new
+            capture. The output is then ``select_two_level`` at that ``c``; ``chosen`` keeps ``M`` slots, ``-1``
+            past the live ones. None: ``candidates`` itself.
     Returns:
         tuple[Tensor, Tensor]: ``selected`` int64 `[S, H, min(K, 16 M)]` pages ascending (``-1`` unused) and
         ``chosen`` int64 `[S, H, M]` the superpages whose pages were scored (``M = superpage_slots``, or
@@ -172,8 +179,9 @@ def select_two_level(
     slots = superpage_slots(budget_pages, sink_pages, recent_pages, candidates)
     sp = SUPERPAGE_PAGES
     chosen = select_pages(coarse, seq_lens, heads, slots, page_size * sp, -(-sink_pages // sp),
-                          -(-recent_pages // sp))
-    scores = score_pages(q, summaries, block_table, seq_lens, page_size, block_size, scale, tiles=chosen)
+                          -(-recent_pages // sp), budget_live=live)
+    scores = score_pages(q, summaries, block_table, seq_lens, page_size, block_size, scale, tiles=chosen,
+                         live_tiles=live)
     selected = select_pages(scores, seq_lens, heads, budget_pages, page_size, sink_pages, recent_pages, out=out,
                             tiles=chosen)
     return selected, chosen

@@ -20,6 +20,8 @@ SELECTIONS = ("flat", "two-level", "oracle")
 #: What the pages a step does not read contribute (``locks_engine/ops/tail.py``): nothing, or their estimated mass
 #: times their mean value vector, kept in int8 or bf16.
 TAILS = ("none", "int8", "bf16")
+#: ``LocksConfig.candidates`` that calibrates each layer's ``c`` by itself (``ops/calibration.py``)
+AUTO_CANDIDATES = "auto"
 
 
 @dataclass(frozen=True)
@@ -52,16 +54,18 @@ class LocksConfig:
     comparisons: every complete page ranked by its exact log attention mass ``logsumexp_i(q . k_i / sqrt(D))``,
     read from all its keys (``ops.baselines.oracle_scores``), then the same group-shared top-K, forced pages and
     sparse attention; no summaries are kept; eager on CUDA (no CUDA graphs), for accuracy, not speed."""
-    candidates: tuple[int, ...] = (8,)
+    candidates: tuple[int, ...] | str = AUTO_CANDIDATES
     """``two-level`` only: ``c``, the page summaries scored per step as a multiple of the budget; each step scores
-    the pages of ``ceil(c * K / 16)`` superpages (plus the forced ones). One value for every layer, or one per
-    layer (layer ``i`` of the model takes entry ``i``); 0 scores that layer flat."""
+    the pages of ``ceil(c * K / 16)`` superpages (plus the forced ones). ``"auto"`` (the default): each layer finds
+    its own ``c`` at the end of every prefill from the prompt's last queries (``ops/calibration.py``; the largest
+    choice until then). A table given by hand wins: one value for every layer, or one per layer (layer ``i`` of the
+    model takes entry ``i``); 0 scores that layer flat."""
 
     tail: str = "none"
     """``none``: the pages a step does not read are left out of the softmax. ``int8`` / ``bf16``: each complete page
     not read enters it as ``exp(s_j) vbar_j``, its estimated log mass ``s_j`` (the score it was ranked by) times
     its mean value vector kept in that format, merged with the exact pages by log-sum-exp (``ops/tail.py``;
-    ``samples/studies/TAIL_ESTIMATE.md``). Flat and oracle selections, LOCKS formats, CPU path only for now."""
+    ``samples/studies/TAIL_ESTIMATE.md``). Flat and oracle selections, LOCKS formats; eager on CUDA for now (the torch reference)."""
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, 1)
@@ -101,11 +105,11 @@ class LocksConfig:
             )
         if isinstance(self.candidates, list):
             object.__setattr__(self, "candidates", tuple(self.candidates))
-        if (not isinstance(self.candidates, tuple) or not self.candidates
+        if self.candidates != AUTO_CANDIDATES and (not isinstance(self.candidates, tuple) or not self.candidates
                 or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in self.candidates)):
             raise ValueError(
-                f"LocksConfig.candidates={self.candidates!r}: allowed a non-empty list of integers >= 0 "
-                "(one for every layer, or one per layer; 0 = flat scan in that layer)"
+                f"LocksConfig.candidates={self.candidates!r}: allowed \"{AUTO_CANDIDATES}\" or a non-empty list of "
+                "integers >= 0 (one for every layer, or one per layer; 0 = flat scan in that layer)"
             )
         if self.budget_pages < self.always_read_pages:
             raise ValueError(
@@ -129,14 +133,24 @@ class LocksConfig:
         """The smallest ``budget`` (tokens) these pages allow: ``always_read_pages * page_size``."""
         return self.always_read_pages * self.page_size
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether each layer calibrates its own ``c`` (``two-level`` with ``candidates="auto"``)."""
+        return self.selection == "two-level" and self.candidates == AUTO_CANDIDATES
+
     def layer_candidates(self, layer: int | None) -> int:
-        """``c`` of decode layer ``layer`` (0-based; None when the layer's index is unknown): 0 for a flat scan.
+        """``c`` of decode layer ``layer`` (0-based; None when the layer's index is unknown): 0 for a flat scan;
+        with ``candidates="auto"``, the largest ``c`` calibration may choose (the kernels' capacity).
 
         Raises:
             ValueError: a per-layer table without an entry for ``layer``.
         """
         if self.selection != "two-level":
             return 0
+        if self.calibrated:
+            from locks_engine.ops.calibration import CALIBRATION_CHOICES
+
+            return CALIBRATION_CHOICES[-1]
         if len(self.candidates) == 1:
             return self.candidates[0]
         if layer is None or not 0 <= layer < len(self.candidates):

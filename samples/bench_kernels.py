@@ -209,14 +209,15 @@ def vllm_flash_attn(s: Setup, ctx: int, table: torch.Tensor, lens: torch.Tensor)
 
 
 def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int],
-              layer_table: list[int] | None = None) -> list[dict]:
+              layer_table: list[int] | None = None, live: int = 0) -> list[dict]:
     """The decode step (``build=False``) with the flat scan and with the two-level selection at each ``c`` of
     ``candidates``, interleaved replays on the same cache, summaries and queries, at :data:`TWO_LEVEL`'s shapes,
     batch 1; the two-level stages timed alone; dense SDPA (flash, cuDNN) and vLLM's FLASH_ATTN decode call
     (:func:`vllm_flash_attn`, where vLLM is installed) on the same K/V; with ``layer_table`` (``c`` per layer, 0 =
     flat), its mean over layers
     (:func:`table_mean`). Bytes a step and layer: flat ``P s + K p``; two-level ``P / 16 * 2 D + 16 M s + K p``
-    (``M`` superpages scored)."""
+    (``M`` superpages scored). With ``live`` (a capacity ``c``), each ``c`` is also timed as data at that capacity
+    (``select_step(live=)``, what ``candidates="auto"`` runs): ``live_ms``."""
     from locks_engine.ops.superpages import allocate_superpages, completed_superpages, write_superpage_centroids
 
     budget = budget_args(cfg)
@@ -231,6 +232,11 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int],
         for c in candidates:
             steps[f"c{c}"] = (lambda c=c: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget,
                                                          build=False, superpages=sp, candidates=c))
+            if live:
+                m = torch.tensor([lk.superpage_slots(cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, c)],
+                                 dtype=torch.int32, device="cuda")
+                steps[f"live{c}"] = (lambda m=m: lk.decode_step(s.q, s.k, s.v, table, lens, s.summaries, **budget,
+                                                                build=False, superpages=sp, candidates=live, live=m))
         ms = timer.interleaved(steps)
         q4, k, v = s.dense_views(ctx)
         dense = {}
@@ -269,13 +275,16 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int],
             read = h * (pages / 16 * 2 * d + 16 * slots * summ + cfg.budget_pages * kv_page)
             row["two_level"][c] = {"ms": ms[f"c{c}"], "superpages_scored": slots, "bytes_pct": 100 * read / kv_all,
                                    "flat_over_two_level": ms["flat"] / ms[f"c{c}"], "stages_ms": stages}
+            if live:
+                row["two_level"][c]["live_ms"] = ms[f"live{c}"]
         if layer_table:
             row["table"] = table_mean(row, layer_table)
         rows.append(row)
         best = min(dense.values()) if dense else float("nan")
         print(f"{label:18s} dense {best * 1e3:7.1f} us | flat {ms['flat'] * 1e3:7.1f} us "
               f"({row['flat_bytes_pct']:.1f}% of K+V) | " + " | ".join(
-                  f"c{c} {t['ms'] * 1e3:6.1f} us ({t['bytes_pct']:.1f}%)" for c, t in row["two_level"].items())
+                  f"c{c} {t['ms'] * 1e3:6.1f} us ({t['bytes_pct']:.1f}%)"
+                  + (f" as data {t['live_ms'] * 1e3:6.1f} us" if live else "") for c, t in row["two_level"].items())
               + (f" | table {row['table']['ms'] * 1e3:6.1f} us ({row['table']['bytes_pct']:.1f}%)"
                  if layer_table else "")
               + (f" | vLLM FA3 {dense['vllm-fa3'] * 1e3:6.1f} us" if "vllm-fa3" in dense else ""), flush=True)
@@ -340,6 +349,8 @@ def main() -> None:
                     "step against the flat scan's (two_level.json), then stop")
     ap.add_argument("--table", default="", help="with --two-level: a per-layer c table (0 = flat), comma-separated "
                     "or named (keep-needle); its mean step and bytes over its layers, each c it names timed")
+    ap.add_argument("--live", type=int, default=0, help="with --two-level: also time each c as data at this "
+                    "capacity c (candidates=\"auto\": 32)")
     ap.add_argument("--select-chunks", default="", help="comma-separated pages per first-pass program of the "
                     "flat selection: time the decode step with each (select_chunks.json), then stop")
     args = ap.parse_args()
@@ -359,7 +370,7 @@ def main() -> None:
     if args.two_level:
         table = list(parse_candidates(args.table)) if args.table else []
         cs = sorted({int(c) for c in args.two_level.split(",")} | {c for c in table if c})
-        return write("two_level.json", two_level(timer, cfg, cs, table), table=table)
+        return write("two_level.json", two_level(timer, cfg, cs, table, args.live), table=table, live=args.live)
     if args.select_chunks:
         return write("select_chunks.json",
                      select_chunks(timer, cfg, [int(c) for c in args.select_chunks.split(",")]))

@@ -205,7 +205,7 @@ def check_candidates(cfg: LocksConfig, layers: int) -> None:
     Raises:
         ValueError: a table of more than one entry whose length is not the model's layer count (one line).
     """
-    if cfg.selection == "two-level" and layers and len(cfg.candidates) not in (1, layers):
+    if cfg.selection == "two-level" and not cfg.calibrated and layers and len(cfg.candidates) not in (1, layers):
         raise ValueError(f"LocksConfig.candidates has {len(cfg.candidates)} entries for a model of {layers} "
                          "attention layers: give one value for every layer, or one per layer")
 

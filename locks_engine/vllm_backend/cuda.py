@@ -133,9 +133,10 @@ class CudaPath:
             q, self.views(kv_cache)[0], block_table, seq_lens,
             None if selection.store is None else selection.store.colwise8(),
             cfg.page_size, cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, self.scale,
-            superpages=selection.superpages, candidates=selection.candidates, every=every,
+            superpages=selection.superpages, candidates=selection.candidates, every=every, live=selection.live,
         )
-        scanned = None if chosen is None else (chosen.shape[-1], coarse_fraction(cfg, self.head_size))
+        slots = chosen.shape[-1] if selection.live is None or chosen is None else selection.live
+        scanned = None if chosen is None else (slots, coarse_fraction(cfg, self.head_size))
         return selected, block_table, every, scanned
 
     def _oracle_select(self, q: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor, cfg: LocksConfig

@@ -21,6 +21,7 @@ from locks_engine.ops import allocate_page_summaries
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import allocate_superpages, write_superpage_centroids
 from locks_engine.vllm_backend import cpu, cuda, hooks
+from locks_engine.vllm_backend.calibration import LayerCalibration
 from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.selection import Selection
@@ -85,6 +86,8 @@ class LocksAttentionImpl(AttentionImpl):
         """fp16 `[P, H, D]` superpage centroids (``two-level`` selection only, ``ops.superpages``)."""
         self._store_key = None
         self._candidates: dict[LocksConfig, int] = {}
+        self.calibration: LayerCalibration | None = None
+        """The layer's calibrated ``c`` (``candidates="auto"``), made with the summary store."""
 
     def cpu_isa(self, kv_cache: Tensor) -> str:
         """The vLLM CPU kernel ISA whose layout this layer's cache `[num_blocks, H, block_size, 2*D]` has."""
@@ -137,10 +140,13 @@ class LocksAttentionImpl(AttentionImpl):
         store = self._summaries(path, kv_cache, meta) if meta.cfg.summarized else None
         if meta.prefill is not None:
             path.attend_prefill(meta.prefill, query[nd:end], kv_cache, output[nd:end])
+            if self.calibration is not None:
+                self.calibration.update(query[nd:end], meta.prefill, store, self._superpages, self.num_kv_heads,
+                                        kv_cache.shape[2], self.scale, kv_cache.is_cuda)
         layer_name = getattr(layer, "layer_name", meta.last_layer_name)
         selected = every = scanned = None
         if nd:
-            selection = Selection(store, self._superpages, self.candidates(meta.cfg, layer_name))
+            selection = self._selection(store, meta.cfg, layer_name, kv_cache.is_cuda)
             selected, block_table, every, scanned = path.select(query[:nd], kv_cache, selection, meta)
             undo = self._run_hooks(path, kv_cache, meta, layer_name, selected, block_table)
             path.attend(query[:nd], kv_cache, selected, block_table, meta.seq_lens[:nd], meta, output[:nd])
@@ -152,6 +158,15 @@ class LocksAttentionImpl(AttentionImpl):
         elif meta.stats is not None:
             self._count(meta, selected, scanned, layer_name == meta.last_layer_name)
         return output
+
+    def _selection(self, store: PageSummaries | None, cfg: LocksConfig, layer_name: str, cuda: bool) -> Selection:
+        """What this layer's decode scans: a calibrated ``c`` on the host (CPU path) or as data at the capacity
+        (CUDA path, ``calibration.py``), else the configured one."""
+        if self.calibration is None:
+            return Selection(store, self._superpages, self.candidates(cfg, layer_name))
+        if cuda:
+            return Selection(store, self._superpages, self.calibration.capacity, self.calibration.live)
+        return Selection(store, self._superpages, self.calibration.c)
 
     def candidates(self, cfg: LocksConfig, layer_name: str) -> int:
         """``c`` of this layer (``LocksConfig.layer_candidates``; the layer's index is the first number of its
@@ -222,6 +237,7 @@ class LocksAttentionImpl(AttentionImpl):
             self._superpages = None
             if meta.cfg.selection == "two-level":
                 self._superpages = allocate_superpages(num_pages, self.num_kv_heads, self.head_size, kv_cache.device)
+            self.calibration = LayerCalibration(meta.cfg, kv_cache.device) if meta.cfg.calibrated else None
             self._store_key = key
         path.summarize(self._store, kv_cache, meta)
         if self._superpages is not None:

@@ -16,12 +16,16 @@ class Selection:
     Attributes:
         store (PageSummaries | None): page summaries by physical page id; None without ``cfg.summarized``.
         superpages (Tensor | None): fp16 `[P, H, D]` superpage centroids (``two-level`` selection), else None.
-        candidates (int): ``c`` of this layer: 0 for the flat scan, else the two-level scan's candidates.
+        candidates (int): ``c`` of this layer: 0 for the flat scan, else the two-level scan's candidates (with
+            ``live``, the capacity).
+        live (Tensor | None): int32 `[1]` on the device, a calibrated layer's superpages chosen per step
+            (``calibration.LayerCalibration``; CUDA path), else None.
     """
 
     store: PageSummaries | None
     superpages: Tensor | None
     candidates: int
+    live: Tensor | None = None
 
     @property
     def two_level(self) -> bool:

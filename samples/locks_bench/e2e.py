@@ -79,9 +79,10 @@ def parse_ints(text: str) -> list[int]:
 
 def selection_settings(name: str, candidates: str, layers: int | None = None) -> dict:
     """``LocksConfig``'s ``selection`` and ``candidates`` for a backend or configuration ``name``: the two-level
-    selection with ``candidates`` (``"4"``, one ``c`` per layer comma-separated, or a name of
-    ``locks_bench.candidates.NAMED``) for ``locks-2l``, else flat. A named table is stretched to ``layers``
-    (``locks_bench.candidates.stretch``: the evaluation model's table at a dummy shape's depth, for speed only).
+    selection with ``candidates`` (``"4"``, one ``c`` per layer comma-separated, a name of
+    ``locks_bench.candidates.NAMED``, or ``auto``: each layer calibrates its own) for ``locks-2l``, else flat.
+    A named table is stretched to ``layers`` (``locks_bench.candidates.stretch``: the evaluation model's table at a
+    dummy shape's depth, for speed only).
 
     Raises:
         ValueError: ``candidates`` malformed (one line).
@@ -90,6 +91,8 @@ def selection_settings(name: str, candidates: str, layers: int | None = None) ->
 
     if name != "locks-2l":
         return {"selection": "flat"}
+    if candidates.strip().lower() == "auto":
+        return {"selection": "two-level", "candidates": "auto"}
     table = parse_candidates(candidates)
     if candidates.strip().lower() in NAMED and layers:
         table = stretch(table, layers)

@@ -34,7 +34,7 @@ BAD = {
     "format": ({"locks": {"summary_format": "int2"}}, r"summary_format='int2': allowed float, paper"),
     "selection": ({"locks": {"selection": "tree"}}, r"selection='tree': allowed flat, two-level, oracle"),
     "candidates": ({"locks": {"selection": "two-level", "candidates": [4, -1]}},
-                   r"LocksConfig\.candidates=\(4, -1\): allowed a non-empty list of integers >= 0"),
+                   r"LocksConfig\.candidates=\(4, -1\): allowed \"auto\" or a non-empty list of integers >= 0"),
     "not_an_object": ({"locks": 512}, r'^additional_config\["locks"\]=512: allowed a JSON object .*budget'),
     "misspelt_key": ({"locks_stat_path": "s.bin"}, r'^additional_config\["locks_stat_path"\]: unknown LOCKS key'),
     "stats_path_type": ({"locks_stats_path": 3}, r'^additional_config\["locks_stats_path"\]=3: allowed a file path'),

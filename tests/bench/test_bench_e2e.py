@@ -460,5 +460,7 @@ def test_selection_settings_of_the_benchmarks_configurations():
     named = e2e.selection_settings("locks-2l", "keep-needle", 32)["candidates"]
     assert len(named) == 32 and LocksConfig(selection="two-level", candidates=named).layer_candidates(31) == 32
     assert e2e.selection_settings("locks-2l", "4,8", 32)["candidates"] == (4, 8)
+    auto = e2e.selection_settings("locks-2l", "auto", 32)
+    assert auto == {"selection": "two-level", "candidates": "auto"} and LocksConfig(**auto).calibrated
     with pytest.raises(ValueError, match="comma-separated integers"):
         e2e.selection_settings("locks-2l", "4;8")

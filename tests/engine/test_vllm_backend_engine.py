@@ -132,6 +132,19 @@ def two_level(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def auto(model_dir, tmp_path_factory):
+    """As ``two_level`` with ``candidates="auto"``: each layer calibrates its ``c`` at the end of the prefill."""
+    path = tmp_path_factory.mktemp("auto") / "stats.bin"
+    extra = {"locks": LocksConfig(budget=64, selection="two-level").to_dict(), "locks_stats_path": str(path),
+             "locks_hooks": ["tests.support.poison_hook:PoisonUnselected"]}
+    with pytest.MonkeyPatch.context() as patch:
+        pythonpath = os.environ.get("PYTHONPATH")
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p))
+        outputs = generate(model_dir, extra, [LONGER, SHORT])
+    return outputs, path
+
+
+@pytest.fixture(scope="module")
 def oracle(model_dir, tmp_path_factory):
     """The exact-LSE oracle (``selection="oracle"``) at 128 tokens (8 pages): the short prompt's pages all fit,
     the long one's (~70 pages) are ranked by their exact mass, in one batch."""
@@ -172,6 +185,23 @@ def test_two_level_selection_scans_fewer_summaries_and_reads_only_its_pages(two_
         flat = 30 * 3 * (long_len // 16 + short_len // 16)  # the flat scan's summaries: every complete page
         assert 0 < record["summaries_read"] < 0.6 * flat
         assert record["row_pages_read"][0] <= 30 * 3 * 4
+
+
+def test_auto_candidates_calibrate_below_the_capacity_and_read_only_their_pages(auto):
+    outputs, path = auto
+    ring = require_locks(path)
+    for output in outputs:  # NaN in every page no head selected: a page read outside the selection would show
+        assert len(output.outputs[0].token_ids) == GEN_TOKENS
+        for step in output.outputs[0].logprobs:
+            assert all(math.isfinite(lp.logprob) for lp in step.values())
+    decodes = [r for r in ring.latest(GEN_TOKENS + 4) if r["num_decodes"] == 2]
+    assert decodes, "no decode step with both sequences"
+    for record in decodes:
+        long_len, short_len = int(record["row_seq_len"][0]), int(record["row_seq_len"][1])
+        flat = 30 * 3 * (long_len // 16 + short_len // 16)
+        # at the capacity (c = 32: 11 superpages, the whole ~2,900-token prompt) every layer would scan about as
+        # much as the flat scan; calibrated, layers take smaller c
+        assert 0 < record["summaries_read"] < 0.8 * flat
 
 
 def test_every_layer_runs_locks(covering):

@@ -138,6 +138,35 @@ def test_two_level_decode_step_replays_equal_eager_and_builds_the_completed_supe
 
 
 
+def test_two_level_with_c_as_data_replays_each_calibrated_c():
+    """``candidates="auto"`` on CUDA: one graph captured at the capacity c = 32, the layer's c written into its
+    device tensor between replays (as calibration does at the end of a prefill): each replay selects what an eager
+    step at that static c selects."""
+    sc = make_scenario([48, 16 * 16 * 12 + 5, 16 * 70, 16 * 16 * 20], num_kv_heads=2, groups=4, head_dim=128,
+                       block_size=64, seed=5, dtype=torch.bfloat16, key_offset=10.0)
+    sc = on_device(sc)
+    cfg = LocksConfig(budget=16 * 8)
+    summaries = _summaries(sc, sc.seq_lens)
+    superpages = torch.zeros_like(summaries[0])
+    for n in range(16 * 16, int(sc.seq_lens.max()) + 1, 16 * 16):  # every complete superpage's centroid
+        lk.build_completed_superpages(summaries[0], superpages, sc.block_table, sc.seq_lens.clamp_max(n), 16,
+                                      sc.block_size)
+    live = torch.tensor([0], dtype=torch.int32, device="cuda")
+
+    def step():
+        return lk.select_step(sc.q, sc.k_cache, sc.block_table, sc.seq_lens, summaries, cfg.page_size,
+                              cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, build=False, superpages=superpages,
+                              candidates=32, live=live)
+
+    live.fill_(lk.superpage_slots(cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, 32))
+    graph, (selected, chosen) = _capture(step)
+    for c in (4, 16, 8, 32):
+        live.fill_(lk.superpage_slots(cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, c))
+        graph.replay()
+        eager, _ = _select(sc, summaries, cfg, build=False, superpages=superpages, candidates=c)
+        assert torch.equal(selected[..., : eager.shape[-1]], eager), f"c = {c}: replay != eager static c"
+
+
 def test_select_step_every_switch_reads_every_page_and_still_builds_the_completed_pages():
     """``select_step(every=True)``, what the engine's CUDA path runs where ``reads_every_page`` says so, replayed
     in a graph: ``ops.select.every_page``'s selection in ``Pmax`` slots, no superpages chosen, and the pages this

@@ -115,3 +115,27 @@ def test_select_two_level_matches_ops(groups, candidates):
     assert torch.equal(chosen, select_pages(superpage_scores(sc.q, sp, sc.block_table, sc.seq_lens, 16,
                                                              sc.block_size),
                                             sc.seq_lens, 2, superpage_config(cfg, candidates)))
+
+
+@pytest.mark.parametrize("capacity", [3, 32], ids=lambda c: f"cap{c}")
+@pytest.mark.parametrize("live_c", [1, 2, 3])
+@pytest.mark.parametrize("groups", [1, 7])
+def test_select_two_level_with_c_as_data_is_the_static_c(groups, live_c, capacity):
+    # the kernels sized for a capacity c (at 32 more superpage slots than superpages: ranked all the same), the
+    # layer's c read from a device tensor: the static c's selection, chosen padded with -1
+    lengths = [16 * 16 * 12 + 9, 16 * 48, 16 * 5] if ON_GPU else [16 * 16 * 7 + 9, 16 * 40]
+    sc, store, sp = _setup(lengths, groups, seed=4)
+    cfg = LocksConfig(budget=16 * 6, sink_pages=1, recent_pages=1)
+    dev = on_device(sc)
+    args = (dev.q, summaries_on_device(store), sp.to(DEVICE), dev.block_table, dev.seq_lens, 16, sc.block_size,
+            cfg.budget_pages, cfg.sink_pages, cfg.recent_pages)
+    static, static_chosen = lk.select_two_level(*args, live_c)
+    live = torch.tensor([lk.superpage_slots(cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, live_c)],
+                        dtype=torch.int32, device=DEVICE)
+    got, chosen = lk.select_two_level(*args, capacity, live=live)
+    assert torch.equal(got.cpu(), static.cpu())
+    m = static_chosen.shape[-1]
+    assert torch.equal(chosen[..., :m].cpu(), static_chosen.cpu())
+    assert (chosen[..., m:] == -1).all()
+    ref, _ = select_two_level(sc.q, store, sp, sc.block_table, sc.seq_lens, 2, cfg, live_c, sc.block_size)
+    assert torch.equal((got.cpu() >= 0).sum(-1), (ref >= 0).sum(-1))

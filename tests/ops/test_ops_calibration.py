@@ -1,0 +1,110 @@
+"""The per-layer ``c`` from the prompt's own queries (``locks_engine.ops.calibration``): the two-level selection
+rebuilt from the flat scores is ``select_two_level``'s; recall is 1 once the candidates cover every superpage and
+falls for a page the superpage centroids cannot see; the rule takes the smallest ``c`` that every KV head
+accepts."""
+
+import pytest
+import torch
+
+from locks_engine import LocksConfig
+from locks_engine.ops import build_cache_summaries, score_pages
+from locks_engine.ops.calibration import (
+    candidate_recall, pick_candidates, prompt_queries, two_level_from_scores,
+)
+from locks_engine.ops.superpages import (
+    allocate_superpages, completed_superpages, select_two_level, superpage_scores, write_superpage_centroids,
+)
+from tests.support.helpers import make_scenario
+
+
+def _paged(sc, cfg=LocksConfig()):
+    store = build_cache_summaries(sc.k_cache, sc.block_table, sc.seq_lens, cfg)
+    sp = allocate_superpages(store.num_pages, sc.k_cache.shape[2], sc.k_cache.shape[3], "cpu")
+    write_superpage_centroids(sp, store, completed_superpages(sc.seq_lens, sc.seq_lens, sc.block_table,
+                                                              sc.page_size, sc.block_size))
+    return store, sp
+
+
+@pytest.mark.parametrize("c", [1, 2, 5], ids=lambda c: f"c{c}")
+def test_two_level_from_flat_scores_is_select_two_level(c):
+    sc = make_scenario([16 * 16 * 9 + 5, 16 * 40, 16 * 16 * 3], num_kv_heads=2, groups=3, head_dim=32, seed=5)
+    store, sp = _paged(sc)
+    cfg = LocksConfig(budget=16 * 6, sink_pages=1, recent_pages=2)
+    scores = score_pages(sc.q, store, sc.block_table, sc.seq_lens, 16, sc.block_size)
+    coarse = superpage_scores(sc.q, sp, sc.block_table, sc.seq_lens, 16, sc.block_size)
+    expected, _ = select_two_level(sc.q, store, sp, sc.block_table, sc.seq_lens, 2, cfg, c, sc.block_size)
+    assert torch.equal(two_level_from_scores(scores, coarse, sc.seq_lens, 2, cfg, c), expected)
+
+
+def _one_prompt(seq_len: int, queries: int, seed: int):
+    """One sequence's paged cache and its last ``queries`` queries as rows (block table repeated)."""
+    sc = make_scenario([seq_len], num_kv_heads=2, groups=2, head_dim=32, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(queries, 4, 32, generator=gen)
+    lens = torch.arange(seq_len - queries + 1, seq_len + 1, dtype=torch.int32)
+    return sc, q, sc.block_table.expand(queries, -1), lens
+
+
+def test_recall_is_one_once_every_superpage_is_a_candidate():
+    sc, q, table, lens = _one_prompt(16 * 16 * 6 + 9, 5, seed=7)
+    store, sp = _paged(sc)
+    cfg = LocksConfig(budget=16 * 8)
+    recall = candidate_recall(q, store, sp, table, lens, 2, cfg, sc.block_size, choices=(1, 12))
+    assert recall.shape == (2, 5, 2)
+    assert ((recall >= 0) & (recall <= 1)).all()
+    # 12 * 8 / 16 = 6 superpages + the forced ones: every complete superpage is a candidate
+    assert torch.equal(recall[1], torch.ones(5, 2))
+
+
+def test_recall_falls_for_a_page_the_superpage_centroids_miss():
+    # page 40 (superpage 2) of KV head 0 holds +v and -v: its centroid, hence its superpage's, ignores v, but its
+    # page summary sees the direction, so the flat scan reads it for a query along v; c = 1 reads superpage 1 instead
+    seq_len = 16 * 16 * 6
+    sc, q, table, lens = _one_prompt(seq_len, 3, seed=11)
+    sc.k_cache.mul_(0.1)
+    v = torch.zeros(32)
+    v[3] = 30.0
+    q[:, :2] = v / 10
+    ppb = sc.block_size // 16
+    block, offset = int(sc.block_table[0, 40 // ppb]), (40 % ppb) * 16
+    sc.k_cache[block, offset: offset + 8, 0] = v
+    sc.k_cache[block, offset + 8: offset + 16, 0] = -v
+    for page in range(16, 32):  # superpage 1 leans towards v a little: the centroids rank it first
+        block, offset = int(sc.block_table[0, page // ppb]), (page % ppb) * 16
+        sc.k_cache[block, offset: offset + 16, 0] += v / 30
+    store, sp = _paged(sc)
+    cfg = LocksConfig(budget=16 * 4)
+    recall = candidate_recall(q, store, sp, table, lens, 2, cfg, sc.block_size, choices=(1, 24))
+    assert (recall[0, :, 0] < 0.5).all()
+    assert torch.equal(recall[1], torch.ones(3, 2))
+    assert pick_candidates(recall, (1, 24), 0.9) == 24
+
+
+def test_pick_takes_the_smallest_c_every_head_accepts():
+    recall = torch.tensor([[[0.99, 0.80]], [[0.995, 0.97]], [[1.0, 0.99]]]).expand(3, 4, 2)  # [C, T, H]
+    assert pick_candidates(recall, (4, 8, 16), 0.95) == 8
+    assert pick_candidates(recall, (4, 8, 16), 0.99) == 16
+    assert pick_candidates(recall, (4, 8, 16), 0.999) == 16  # none reaches: the largest
+    mixed = recall.clone()
+    mixed[0, :2, 1] = 1.0  # the mean over queries of head 1 at c = 4: 0.9
+    assert pick_candidates(mixed, (4, 8, 16), 0.95) == 8
+    with pytest.raises(ValueError, match="one row per choice"):
+        pick_candidates(recall, (4, 8), 0.9)
+    with pytest.raises(ValueError, match="ascending"):
+        pick_candidates(recall, (16, 8, 4), 0.9)
+
+
+def test_prompt_queries_are_the_row_last_tokens():
+    rows, lens = prompt_queries(query_len=100, seq_len=300, count=16)
+    assert rows == slice(84, 100) and lens.tolist() == list(range(285, 301))
+    rows, lens = prompt_queries(query_len=3, seq_len=3, count=16)
+    assert rows == slice(0, 3) and lens.tolist() == [1, 2, 3]
+
+
+def test_auto_is_a_candidates_setting_whose_layers_take_the_capacity():
+    cfg = LocksConfig.from_dict({"selection": "two-level", "candidates": "auto"})
+    assert cfg.calibrated and hash(cfg) and cfg.layer_candidates(7) == 32 and cfg.layer_candidates(None) == 32
+    assert LocksConfig().candidates == "auto" and not LocksConfig().calibrated  # flat: nothing to calibrate
+    assert not LocksConfig(selection="two-level", candidates=(4,)).calibrated
+    with pytest.raises(ValueError, match='allowed "auto" or a non-empty list'):
+        LocksConfig(selection="two-level", candidates="fast")
