@@ -135,8 +135,10 @@ class CudaPath:
             cfg.page_size, cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, self.scale,
             superpages=selection.superpages, candidates=selection.candidates, every=every, live=selection.live,
         )
-        slots = chosen.shape[-1] if selection.live is None or chosen is None else selection.live
-        scanned = None if chosen is None else (slots, coarse_fraction(cfg, self.head_size))
+        scanned = None  # the flat scan
+        if chosen is not None:
+            slots = chosen.shape[-1] if selection.live is None else selection.live
+            scanned = (slots, coarse_fraction(cfg, self.head_size))
         return selected, block_table, every, scanned
 
     def _oracle_select(self, q: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor, cfg: LocksConfig
