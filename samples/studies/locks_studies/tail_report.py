@@ -86,7 +86,7 @@ def figure(results: dict, fractions: list[float], levels: list[float]) -> str:
     panels = []
     for context, res in results.items():
         series = {label: series_points(res["designs"], pat, fractions, levels) for label, pat, _ in SERIES}
-        panels.append((f"{int(context) // 1024}K tokens ({res['pages']} pages)", series))
+        panels.append((f"{int(context):,} prompt tokens ({res['pages']} pages)", series))
     return svg_chart(panels, {label: c for label, _, c in SERIES},
                      "Qwen2.5-Coder-0.5B, mean over 24 layers: output error against bytes read")
 
