@@ -45,8 +45,8 @@ class LayerCalibration:
 
     def update(self, query: Tensor, rows: PrefillRows, store: PageSummaries, superpages: Tensor,
                num_kv_heads: int, block_size: int, scale: float, cuda: bool) -> None:
-        """Calibrate from the last prefill row's last queries (host syncs: prefill runs eagerly). A row of at
-        most ``K`` complete pages (every page read) leaves ``c`` as it is.
+        """Calibrate from the longest prefill row's last queries (host syncs: prefill runs eagerly); the batch's
+        other rows share its ``c``. A row of at most ``K`` complete pages (every page read) leaves ``c`` as it is.
 
         Args:
             query (Tensor): `[T, HQ, D]` the prefill rows' query tokens, in row order.
@@ -55,13 +55,15 @@ class LayerCalibration:
             num_kv_heads (int): H. block_size (int): tokens a block. scale (float): softmax scale.
             cuda (bool): score with the Triton kernels (``colwise8``) instead of the ops.
         """
-        starts, seq_len = rows.query_start_loc_cpu, rows.seq_lens_cpu[-1]
+        starts = rows.query_start_loc_cpu
+        row = max(range(len(rows.seq_lens_cpu)), key=rows.seq_lens_cpu.__getitem__)  # a short prompt says little
+        seq_len = rows.seq_lens_cpu[row]
         if seq_len // self.cfg.page_size <= self.cfg.budget_pages:
             return
-        take, lens = prompt_queries(starts[-1] - starts[-2], seq_len)
-        q = query[starts[-2]:starts[-1]][take].contiguous()
+        take, lens = prompt_queries(starts[row + 1] - starts[row], seq_len)
+        q = query[starts[row]:starts[row + 1]][take].contiguous()
         lens = lens.to(q.device)
-        table = rows.block_table[-1:].expand(len(lens), -1).contiguous()
+        table = rows.block_table[row:row + 1].expand(len(lens), -1).contiguous()
         if cuda:
             import locks_kernels as lk
 

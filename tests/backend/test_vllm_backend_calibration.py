@@ -45,10 +45,11 @@ def test_auto_calibrates_from_the_prompt_last_queries(threshold, monkeypatch) ->
     assert run.impl.calibration is None  # made with the summary store
     run.prefill_context()
     cal = run.impl.calibration
-    n = LONG.seq_lens[-1] - 1
+    row = max(range(len(LONG.seq_lens)), key=LONG.seq_lens.__getitem__)  # the longest prompt calibrates
+    n = LONG.seq_lens[row] - 1
     lens = torch.arange(n - 15, n + 1, dtype=torch.int32)
-    table = run.block_table[2:3].expand(16, -1)
-    recall = candidate_recall(run.q[2][n - 16 : n], run.impl._store, run.impl._superpages, table, lens, H, CFG,
+    table = run.block_table[row:row + 1].expand(16, -1)
+    recall = candidate_recall(run.q[row][n - 16 : n], run.impl._store, run.impl._superpages, table, lens, H, CFG,
                               BLOCK_SIZE, scale=D**-0.5)
     expected = pick_candidates(recall, threshold=cal.threshold)
     if threshold == 0.0:
