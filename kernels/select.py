@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from locks_kernels.select_listed import select_listed
 
 
 @triton.jit
@@ -275,6 +276,10 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     kp = triton.next_power_of_2(slots)
     chunk, group = _plan(pmax, kp)
     nchunk = triton.cdiv(pmax, chunk)
+    if tiles is not None and nchunk > 1:
+        # listed slots past one chunk (a capacity sized for c = 64): one program walks the live ones, one launch
+        return select_listed(scores, seq_lens, tiles, out, page_size, sink_pages, recent_pages, budget_live,
+                             SEARCH_ARITY, SEARCH_ROUNDS, TILE_PAGES)
     groups = num_q_heads // num_kv_heads
     dev = scores.device
     cand_key = torch.empty(seqs, num_kv_heads, nchunk, kp, dtype=torch.int32, device=dev)

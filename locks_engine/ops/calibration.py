@@ -24,8 +24,9 @@ from locks_engine.ops.select import forced_page_mask, group_mass_shares, select_
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import candidate_pages, superpage_config, superpage_scores
 
-#: the ``c`` a layer may take, ascending; the largest is the kernels' capacity (``locks_kernels.superpages``)
-CALIBRATION_CHOICES = (4, 8, 16, 32)
+#: the ``c`` a layer may take, ascending; the largest is the kernels' capacity (``locks_kernels.superpages``). At a
+#: budget of a few percent of the context, 64 lists every superpage: that layer is scanned flat (``CALIBRATION.md``)
+CALIBRATION_CHOICES = (4, 8, 16, 32, 64)
 #: least recall of the flat scan's estimated mass a layer's ``c`` must reach (``samples/studies/CALIBRATION.md``)
 CALIBRATION_THRESHOLD = 0.99
 #: the prompt's last queries the recall is measured on

@@ -139,3 +139,41 @@ def test_select_two_level_with_c_as_data_is_the_static_c(groups, live_c, capacit
     assert (chosen[..., m:] == -1).all()
     ref, _ = select_two_level(sc.q, store, sp, sc.block_table, sc.seq_lens, 2, cfg, live_c, sc.block_size)
     assert torch.equal((got.cpu() >= 0).sum(-1), (ref >= 0).sum(-1))
+
+
+@pytest.mark.parametrize("sub", [16, 64], ids=lambda s: f"sub{s}")
+@pytest.mark.parametrize("groups", [1, 7])
+@pytest.mark.parametrize("budget_live", [None, 5], ids=["k", "live5"])
+def test_listed_selection_in_one_program_is_the_chunked_one(monkeypatch, groups, sub, budget_live):
+    """Listed slots past one chunk (a capacity sized for c = 64) take ``select_listed``: one program walking the
+    live slots in sub-chunks. It selects exactly what the chunked passes select (ties included, towards lower
+    slots) and what ops selects, with listed rows of different lengths and slots past the last page."""
+    from locks_kernels import select, select_listed
+
+    sc, store, sp = _setup([16 * 70 + 3, 16 * 33, 16 * 2 + 1], groups, seed=5)
+    chosen = torch.tensor([[[0, 1, 2, 3, 4], [1, 2, 3, 4, -1]], [[0, 1, 2, -1, -1], [0, 2, -1, -1, -1]],
+                           [[0, -1, -1, -1, -1], [0, -1, -1, -1, -1]]])
+    pages = candidate_pages(chosen, sc.seq_lens, 16)
+    ref = score_candidate_pages(sc.q, store, sc.block_table, sc.seq_lens, pages, 16, sc.block_size)
+    ref[0, :, 20:30] = 0.25  # ties across sub-chunk borders
+    cfg = LocksConfig(budget=16 * 9, sink_pages=2, recent_pages=3)
+    live = None if budget_live is None else torch.tensor([budget_live], dtype=torch.int32, device=DEVICE)
+    monkeypatch.setattr(select, "CHUNK", 16)
+
+    def run():
+        out = poisoned((3, 2, cfg.budget_pages), torch.int64)
+        lk.select_pages(ref.to(DEVICE), on_device(sc).seq_lens, 2, cfg.budget_pages, 16, cfg.sink_pages,
+                        cfg.recent_pages, out=out, tiles=chosen.to(DEVICE), budget_live=live)
+        return out.cpu()
+
+    calls = []
+    monkeypatch.setattr(select_listed, "SUB", sub)
+    monkeypatch.setattr(select, "select_listed", lambda *a: calls.append(1) or select_listed.select_listed(*a))
+    looped = run()
+    assert calls, "the listed slots span chunks: one program walks them"
+    monkeypatch.setattr(select, "select_listed", lambda *a: None)
+    monkeypatch.setattr(select, "CHUNK", 1024)
+    chunked = run()
+    assert torch.equal(looped, chunked)
+    if budget_live is None:
+        assert torch.equal(looped, select_candidate_pages(ref, pages, sc.seq_lens, 2, cfg))

@@ -41,16 +41,17 @@ def test_one_head_measures_recall_mass_and_scan_per_c():
             assert len(entry[key]) == len(CALIBRATION_CHOICES)
         assert all(0 <= r <= 1 for r in entry["decode_recall"] + entry["prompt_recall"][4])
     # 40 pages of budget at c >= 4: every superpage is a candidate, the flat scan's selection and mass
-    assert large["decode_recall"] == [1.0] * 4 and large["mass"] == [large["mass_flat"]] * 4
+    n = len(CALIBRATION_CHOICES)
+    assert large["decode_recall"] == [1.0] * n and large["mass"] == [large["mass_flat"]] * n
     # 4 pages at c = 4: one superpage and the forced ones read, fewer summaries than the flat scan
     assert small["scanned"][0] < 1.0 and small["scanned"] == sorted(small["scanned"])
 
 
 def test_a_table_is_judged_by_its_layers_entries():
     entry = lambda flat, masses: {"mass_flat": flat, "mass_flat_min": flat - 0.1, "mass": masses,  # noqa: E731
-                                  "mass_min": [m - 0.2 for m in masses], "scanned": [0.1, 0.2, 0.4, 0.8],
-                                  "prompt_recall": {16: [0.9, 0.95, 0.99, 1.0]}}
-    recs = {(0, 0): entry(0.99, [0.9, 0.95, 0.97, 0.99]), (1, 0): entry(0.98, [0.98, 0.98, 0.98, 0.98])}
+                                  "mass_min": [m - 0.2 for m in masses], "scanned": [0.1, 0.2, 0.4, 0.8, 1.0],
+                                  "prompt_recall": {16: [0.9, 0.95, 0.99, 1.0, 1.0]}}
+    recs = {(0, 0): entry(0.99, [0.9, 0.95, 0.97, 0.99, 0.99]), (1, 0): entry(0.98, [0.98] * 5)}
     got = cal.evaluate_table(recs, [0, 4], layers=2, heads=1)
     assert got["mass_mean"] == pytest.approx((0.99 + 0.98) / 2) and got["scanned_share"] == pytest.approx(0.55)
     assert got["worst_layer"] == 1 and got["worst_step"] == pytest.approx(0.78)
