@@ -233,6 +233,11 @@ MERGE_GROUP = 8
 BLOCK_SCORES = 16 * 2048
 #: warps of a chunk-pass program
 CHUNK_WARPS = 8
+#: listed slots past one chunk: True takes one program walking the live slots (``select_listed.py``: one launch),
+#: False the chunk passes and the merge (three launches, parallel). One H100, per layer step with c as data at the
+#: capacity 64 (``NOTES.md``, two-level selection): one program 42.0 / 65.2 / 122.9 us at c = 4 / 16 / 64
+#: (Llama 128K), the chunks 46.9 / 60.9 / 86.2; the chunks win wherever a layer reaches far
+LISTED_ONE_PROGRAM = False
 #: pages of a listed tile (a superpage, ``superpages.py``)
 TILE_PAGES = 16
 #: thresholds counted per round of the K-th-largest search (a power of two)
@@ -276,7 +281,7 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
     kp = triton.next_power_of_2(slots)
     chunk, group = _plan(pmax, kp)
     nchunk = triton.cdiv(pmax, chunk)
-    if tiles is not None and nchunk > 1:
+    if tiles is not None and nchunk > 1 and LISTED_ONE_PROGRAM:
         # listed slots past one chunk (a capacity sized for c = 64): one program walks the live ones, one launch
         return select_listed(scores, seq_lens, tiles, out, page_size, sink_pages, recent_pages, budget_live,
                              SEARCH_ARITY, SEARCH_ROUNDS, TILE_PAGES)

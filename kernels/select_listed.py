@@ -26,6 +26,8 @@ from torch import Tensor
 
 #: slots a sub-chunk (one block of keys in registers)
 SUB = 1024
+#: warps of the program
+SUB_WARPS = 8
 
 
 @triton.jit
@@ -181,6 +183,6 @@ def select_listed(scores: Tensor, seq_lens: Tensor, tiles: Tensor, out: Tensor, 
         NT=search_arity,
         ROUNDS=search_rounds,
         K_DEV=budget_live is not None,
-        num_warps=8,
+        num_warps=SUB_WARPS,
     )
     return out

@@ -167,13 +167,14 @@ def test_listed_selection_in_one_program_is_the_chunked_one(monkeypatch, groups,
         return out.cpu()
 
     calls = []
+    monkeypatch.setattr(select, "LISTED_ONE_PROGRAM", True)
     monkeypatch.setattr(select_listed, "SUB", sub)
     monkeypatch.setattr(select, "select_listed", lambda *a: calls.append(1) or select_listed.select_listed(*a))
     looped = run()
     assert calls, "the listed slots span chunks: one program walks them"
-    monkeypatch.setattr(select, "select_listed", lambda *a: None)
-    monkeypatch.setattr(select, "CHUNK", 1024)
+    monkeypatch.setattr(select, "LISTED_ONE_PROGRAM", False)
     chunked = run()
+    assert len(calls) == 1, "the chunk passes and the merge"
     assert torch.equal(looped, chunked)
     if budget_live is None:
         assert torch.equal(looped, select_candidate_pages(ref, pages, sc.seq_lens, 2, cfg))
