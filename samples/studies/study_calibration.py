@@ -4,11 +4,12 @@ One forward pass over the first ``--tokens`` tokens of a book (``locks_bench.cap
 ``--cache-dir``) keeps keys of every position and, for each context of ``--contexts``, the queries of ``--runs``
 runs of ``--steps`` consecutive decode positions and of the ``--prompt`` positions before each run (the last
 queries of the prefill that run continues). Per run, layer and KV head (``locks_studies.calibration``): the recall
-of the flat scan's estimated mass by the two-level candidates at ``c`` in 4, 8, 16, 32, on the prompt's queries
-and on the decode steps, and the decode steps' true mass over the exact-LSE oracle's. Then the tables a rule finds
-(``locks_engine.ops.calibration.pick_candidates`` at each ``--thresholds``, from the prompt's last ``--queries``):
-(a) from each run's own prompt, (b) once, from the first context's first run, against the flat scan, uniform
-``c`` and ``--reference`` (a named table of ``locks_bench.candidates``).
+of the flat scan's estimated mass by the two-level candidates at each ``c`` of ``--choices`` (default the engine's
+4, 8, 16, 32), on the prompt's queries and on the decode steps, and the decode steps' true mass over the exact-LSE
+oracle's. Then the tables a rule finds (``locks_engine.ops.calibration.pick_candidates`` at each
+``--thresholds``, from the prompt's last ``--queries``, among the choices up to each ``--rule-caps``): (a) from
+each run's own prompt, (b) once, from the first context's first run, against the flat scan, uniform ``c`` and
+``--reference`` (a named table of ``locks_bench.candidates``).
 
 Writes ``calibration_<model>.json`` into ``--out-dir/<date>_cpu_<commit>_calibration/``.
 
@@ -53,9 +54,19 @@ def parse_args(argv=None):
     ap.add_argument("--queries", type=int, nargs="+", default=[16, 64], help="prompt queries the rule reads")
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.95, 0.97, 0.98, 0.99, 0.995])
     ap.add_argument("--reference", choices=sorted(NAMED), help="a named table to compare with")
+    ap.add_argument("--choices", type=int, nargs="+", default=list(CALIBRATION_CHOICES),
+                    help="the c measured (ascending); default the engine's")
+    ap.add_argument("--rule-caps", type=int, nargs="*", help="the largest c the rule may take, one set of rule "
+                    "rows each, among --choices up to it (default: the largest choice)")
     ap.add_argument("--layers", type=int, nargs="*", help="default: every layer")
     ap.add_argument("--threads", type=int, default=1)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.choices != sorted(set(args.choices)) or min(args.choices) < 1:
+        ap.error("--choices: distinct positive ints, ascending")
+    args.rule_caps = args.rule_caps or [args.choices[-1]]
+    if not set(args.rule_caps) <= set(args.choices):
+        ap.error("--rule-caps: each one of --choices")
+    return args
 
 
 def budget_configs(context: int, args) -> dict[str, LocksConfig]:
@@ -83,7 +94,8 @@ def measure(data: dict, args) -> tuple[dict, int, int]:
                     take = torch.tensor([index[p] for p in prompt + decode])
                     q = data["q"][layer, head * groups:(head + 1) * groups][:, take].transpose(0, 1)  # [T, G, D]
                     steps = DecodeSteps(data["k"][layer, head, :context], q, torch.tensor(prompt + decode))
-                    out = cal.measure_head(steps, len(prompt), list(budgets.values()), tuple(args.queries), cache)
+                    out = cal.measure_head(steps, len(prompt), list(budgets.values()), tuple(args.queries), cache,
+                                           tuple(args.choices))
                     for label, cfg in budgets.items():
                         recs.setdefault((context, run, label), {})[layers.index(layer), head] = out[cfg.budget]
         log(f"layer {layer} done ({time.perf_counter() - start:.0f} s)")
@@ -93,23 +105,27 @@ def measure(data: dict, args) -> tuple[dict, int, int]:
 def summarize(recs: dict, layers: int, heads: int, args) -> list[dict]:
     """Rows: per (context, run, budget), the flat scan, uniform ``c``, the reference table, and each rule."""
     rows = []
-    first = min(args.contexts)
+    first, measured = min(args.contexts), tuple(args.choices)
     for (context, run, label), per in sorted(recs.items()):
         def row(name, table, **extra):
             rows.append({"context": context, "run": run, "budget": label, "policy": name, **extra,
-                         **cal.evaluate_table(per, table, layers, heads)})
+                         **cal.evaluate_table(per, table, layers, heads, measured)})
         row("flat", [0] * layers)
-        for c in CALIBRATION_CHOICES:
+        for c in measured:
             row(f"uniform c={c}", [c] * layers)
         if args.reference:
             row(f"table {args.reference}", list(NAMED[args.reference])[:layers])
-        for q in args.queries:
-            for tau in args.thresholds:
-                row(f"(a) prompt, {q} queries, {tau}", cal.rule_table(per, layers, heads, q, tau), queries=q,
-                    threshold=tau)
-                calib = recs.get((first, 0, label)) or recs[(first, 0, next(iter(budget_configs(first, args))))]
-                row(f"(b) once at {first}, {q} queries, {tau}", cal.rule_table(calib, layers, heads, q, tau),
-                    queries=q, threshold=tau)
+        calib = recs.get((first, 0, label)) or recs[(first, 0, next(iter(budget_configs(first, args))))]
+        for cap in args.rule_caps:
+            choices = tuple(c for c in measured if c <= cap)
+            tail = "" if cap == measured[-1] else f", c<={cap}"
+            for q in args.queries:
+                for tau in args.thresholds:
+                    rule = dict(queries=q, threshold=tau, choices=list(choices))
+                    row(f"(a) prompt, {q} queries, {tau}{tail}",
+                        cal.rule_table(per, layers, heads, q, tau, choices, measured), **rule)
+                    row(f"(b) once at {first}, {q} queries, {tau}{tail}",
+                        cal.rule_table(calib, layers, heads, q, tau, choices, measured), **rule)
     return rows
 
 
@@ -124,7 +140,7 @@ def main(argv=None) -> int:
     rows = summarize(recs, layers, heads, args)
     head["runtime_s"], head["torch_threads"] = round(time.perf_counter() - start), torch.get_num_threads()
     settings = {k: v for k, v in vars(args).items() if k not in ("model", "cache_dir", "out_dir")}
-    settings["book"], settings["choices"] = Path(args.book).name, list(CALIBRATION_CHOICES)
+    settings["book"] = Path(args.book).name
     per_head = {f"{c}/{r}/{b}": {f"{layer}/{h}": v for (layer, h), v in per.items()}
                 for (c, r, b), per in recs.items()}
     name = Path(args.model).name.split("-")[0].lower()

@@ -56,3 +56,22 @@ def test_a_table_is_judged_by_its_layers_entries():
     assert got["mass_mean"] == pytest.approx((0.99 + 0.98) / 2) and got["scanned_share"] == pytest.approx(0.55)
     assert got["worst_layer"] == 1 and got["worst_step"] == pytest.approx(0.78)
     assert cal.rule_table(recs, 2, 1, 16, 0.94) == [8, 8] and cal.rule_table(recs, 2, 1, 16, 0.999) == [32, 32]
+
+
+def test_a_rule_with_a_lower_capacity_reads_the_first_of_the_measured_choices():
+    entry = {"prompt_recall": {16: [0.9, 0.95, 0.97, 0.98, 1.0]}}
+    recs = {(0, 0): entry, (0, 1): entry}
+    measured = (4, 8, 16, 32, 64)
+    assert cal.rule_table(recs, 1, 2, 16, 0.99, measured) == [64]  # only the flat-capable c reaches 0.99
+    assert cal.rule_table(recs, 1, 2, 16, 0.99, (4, 8, 16, 32), measured) == [32]  # capped: the largest
+    assert cal.rule_table(recs, 1, 2, 16, 0.96, (4, 8, 16, 32), measured) == [16]
+    with pytest.raises(ValueError, match="not all among"):
+        cal.rule_table(recs, 1, 2, 16, 0.99, (4, 128), measured)
+
+
+def test_a_measurement_at_c_64_holds_one_entry_per_choice():
+    steps = _steps()
+    out = cal.measure_head(steps, 4, [LocksConfig(budget=16 * 4)], (4,), cal.head_cache(steps.keys),
+                           (4, 8, 16, 32, 64))[16 * 4]
+    assert len(out["mass"]) == len(out["prompt_recall"][4]) == 5
+    assert out["scanned"] == sorted(out["scanned"])

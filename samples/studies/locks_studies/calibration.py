@@ -119,12 +119,22 @@ def measure_head(steps: DecodeSteps, prompt: int, budgets: list[LocksConfig], pr
 
 
 def rule_table(recs: dict, layers: int, heads: int, queries: int, threshold: float,
-               choices: tuple[int, ...] = CALIBRATION_CHOICES) -> list[int]:
+               choices: tuple[int, ...] = CALIBRATION_CHOICES, measured: tuple[int, ...] | None = None) -> list[int]:
     """The table ``pick_candidates`` finds from the prompt recall of one run and budget: ``recs[(layer, head)]``
-    holds ``measure_head``'s entry for that budget."""
+    holds ``measure_head``'s entry for that budget, measured at ``measured`` (default ``choices``); the rule
+    chooses among ``choices``, a subset of them (a lower capacity than was measured).
+
+    Raises:
+        ValueError: a choice was not measured.
+    """
+    measured = tuple(measured or choices)
+    if not set(choices) <= set(measured):
+        raise ValueError(f"rule_table: choices {choices} not all among the measured {measured}")
+    rows = [measured.index(c) for c in choices]
     out = []
     for layer in range(layers):
-        recall = torch.tensor([recs[layer, h]["prompt_recall"][queries] for h in range(heads)]).T  # [C, H]
+        recall = torch.tensor([[recs[layer, h]["prompt_recall"][queries][i] for i in rows]
+                               for h in range(heads)]).T  # [C, H]
         out.append(pick_candidates(recall.unsqueeze(1), choices, threshold))
     return out
 
