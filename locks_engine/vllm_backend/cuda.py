@@ -29,7 +29,7 @@ from locks_engine.ops.baselines import oracle_scores_by_row
 from locks_engine.ops.select import reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction
-from locks_engine.ops.tail import row_value_means, tail_paged_attention
+from locks_engine.ops.tail import row_value_means, tail_mass_share, tail_paged_attention
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
@@ -174,9 +174,14 @@ class CudaPath:
                             cfg.recent_pages)
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
-               meta: LocksMetadata, out: Tensor) -> None:
+               meta: LocksMetadata, out: Tensor) -> Tensor | None:
         """The second half of ``locks_kernels``' decode step (``decode_step`` after ``select_step``): exact
-        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`."""
+        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`.
+
+        Returns:
+            Tensor | None: fp32 `[S, H]` share of each KV head's estimated mass that the tail estimate carried
+            (``ops.tail.tail_mass_share``, on the device), None without a tail estimate this step.
+        """
         from locks_kernels import sparse_paged_attention
 
         k_cache, v_cache = self.views(kv_cache)
@@ -186,7 +191,8 @@ class CudaPath:
             attn, _ = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, means,
                                            meta.cfg.page_size, self.scale)
             out.copy_(attn)
-            return
+            return tail_mass_share(tail, selected, seq_lens, meta.cfg.page_size)
         sparse_paged_attention(
             q, k_cache, v_cache, block_table, seq_lens, selected, meta.cfg.page_size, self.scale, out=out
         )
+        return None

@@ -49,6 +49,7 @@ class StepStats:
         self.pages_per_bin = int(ring.header["pages_per_bin"])
         self.hist = torch.zeros(self.max_rows, self.bins, dtype=torch.int32)  # [rows, bins]
         self.row_pages = torch.zeros(self.max_rows, dtype=torch.int64)
+        self.row_tail = torch.zeros(self.max_rows, dtype=torch.float64)
         self.steps = 0
         self.reset([], 0)
 
@@ -58,13 +59,15 @@ class StepStats:
         self.num_prefill_tokens = num_prefill_tokens
         self.hist.zero_()
         self.row_pages.zero_()
+        self.row_tail.zero_()
         self.layers = 0
         self.kv_heads = 0
         self.pages_read = 0
         self.pages_total = 0
         self.summaries_read = 0
 
-    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: float, kv_heads: int) -> None:
+    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: float, kv_heads: int,
+                  tail_share: Tensor | None = None) -> None:
         """Count one layer's decode reads.
 
         Args:
@@ -73,6 +76,8 @@ class StepStats:
             scored_pages (float): page summaries scanned by this layer, summed over rows, per KV head (a two-level
                 scan's superpage centroids counted as fractions of a page summary).
             kv_heads (int): H.
+            tail_share (Tensor | None): `[S, H]` share of each KV head's estimated mass that the tail estimate
+                carried (``ops.tail.tail_mass_share``); None: no tail this layer (counted as 0).
         """
         self.layers += 1
         self.kv_heads = kv_heads
@@ -87,6 +92,8 @@ class StepStats:
         self.row_pages[:rows] += per_row[:rows]
         bins = (selected[:rows].clamp_min(0).cpu() // self.pages_per_bin).clamp_max(self.bins - 1).flatten(1)
         self.hist[:rows].scatter_add_(1, bins, valid[:rows].flatten(1).to(torch.int32))
+        if tail_share is not None:
+            self.row_tail[:rows] += tail_share[:rows].detach().cpu().double().sum(-1)
 
     def flush(self) -> None:
         """Append the finished step to the ring."""
@@ -112,5 +119,6 @@ class StepStats:
                 "row_pages_read": self.row_pages.tolist(),
                 "row_pages_total": row_total + pad,
                 "row_hist": self.hist.clamp_max(65535).numpy(),
+                "row_tail_mass": self.row_tail.numpy(),
             }
         )
