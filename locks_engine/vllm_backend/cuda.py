@@ -16,7 +16,8 @@ A tail estimate (``LocksConfig.tail``) runs eagerly too, for now as its torch re
 scores it ranked by (Triton's ``score_pages``, or the oracle's), and the attention is
 ``ops.tail.tail_paged_attention`` (the selected pages exactly, every other complete page as its estimated mass times
 its mean value, merged by log-sum-exp) with the means computed from the V cache every step: a quality reference
-(RULER), not the speed path.
+(RULER), not the speed path. The share of the estimated mass the tail carried (``ops.tail.tail_mass_share``, torch
+on the device, no host sync) goes to the statistics (``device_stats``).
 """
 
 from __future__ import annotations

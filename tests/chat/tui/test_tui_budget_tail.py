@@ -3,7 +3,9 @@ the share of the estimated mass that the pages not read carried (this step's, an
 
 import pytest
 
+from locks_chat.attention import attention_text
 from locks_chat.sessions import SessionStore
+from locks_chat.transcript import turn_stats_text
 from locks_chat.settings import Settings
 from locks_chat.tui.app import build_app
 from locks_chat.tui.book_chat import ChatOptions
@@ -38,9 +40,18 @@ async def test_budget_panel_says_the_pages_read_exactly_and_the_tails_share(tmp_
     [session] = SessionStore().list_sessions()
     [turn] = SessionStore().turns(session.id)
     assert (turn.stats["tail_estimate"], turn.stats["tail_mass_share"]) == ("int8", 0.25)
+    # the setting is kept with the answer, so /stats compares it apart from the same budget without a tail
+    assert turn.stats["attention"] == {"dense": False, "budget": 2048, "rank": 8, "tail": "int8"}
+    assert attention_text(turn.stats) == "LOCKS budget 2048, rank 8, tail int8"
+    assert "of KV pages · tail 25% of the estimated mass · LOCKS budget 2048, rank 8, tail int8" in turn_stats_text(
+        turn.stats)
 
 
 async def test_budget_panel_without_a_tail_says_nothing_of_one(tmp_path):
     text, factory = await answered_panel(tmp_path, "none")
     assert factory.calls[-1].tail == "none"
     assert "tail" not in text and "exactly" not in text and "read " in text
+    [session] = SessionStore().list_sessions()
+    [turn] = SessionStore().turns(session.id)
+    assert turn.stats["attention"] == {"dense": False, "budget": 2048, "rank": 8}
+    assert "tail" not in turn_stats_text(turn.stats) and "tail_mass_share" not in turn.stats
