@@ -12,6 +12,7 @@ from torch import Tensor
 
 from locks_engine.config import LocksConfig
 from locks_engine.ops import summary_bytes
+from locks_engine.ops.tail import value_mean_bytes
 from locks_engine.stats import StatsRing
 
 
@@ -22,12 +23,15 @@ def scan_bytes(cfg: LocksConfig, head_dim: int, kv_dtype: torch.dtype) -> tuple[
     Scoring reads a page summary (``summary_bytes``); nothing with ``dense``. The ``oracle`` selection scores a
     page from its keys, so its scan costs the page's K bytes (half its K+V): a step's ``summaries_read`` counts
     the complete pages as for the flat scan, and ``bytes_read`` is then every complete page's K (the scores) plus
-    the selected pages' K+V (the attention), what the oracle reads, the selected pages' keys twice.
+    the selected pages' K+V (the attention), what the oracle reads, the selected pages' keys twice. A tail estimate
+    (``cfg.tail``) adds each scored page's mean value vector (``ops.tail.value_mean_bytes``: the pages not read
+    enter through it; counted for every complete page, the few selected ones included).
     """
     summary, kv = summary_bytes(cfg.page_size, cfg.rank, head_dim, cfg.summary_format, kv_dtype)
     if cfg.dense:
         return kv, 0
-    return kv, kv // 2 if cfg.selection == "oracle" else summary
+    means = value_mean_bytes(head_dim, cfg.tail) if cfg.tail != "none" else 0
+    return kv, (kv // 2 if cfg.selection == "oracle" else summary) + means
 
 
 class StepStats:

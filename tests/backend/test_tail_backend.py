@@ -137,5 +137,8 @@ def test_the_statistics_carry_the_tails_share_of_the_estimated_mass(tmp_path, pl
     want = brute_force_tail_share(Run(batch, cfg, torch.float32, device=device_of(platform)), selected)
     assert got[0] > 0.1 * H and got[3] == 0  # the longest row leaves much to the tail; 17 tokens read every page
     assert torch.allclose(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64), atol=1e-4)
+    # bytes read: the selected pages' K+V, every complete page's K (the oracle's scores) and int8 mean value
+    kv = 2 * PAGE * D * 4  # fp32 K+V of one page of one KV head
+    assert record["bytes_read"] == record["pages_read"] * kv + record["summaries_read"] * (kv // 2 + D + 2)
     _, _, _ = recorded_run(batch, LocksConfig(budget=4 * PAGE, selection="oracle"), platform, stats_path=path)
     assert not StatsRing(path).latest()[0]["row_tail_mass"].any()  # no tail, no share
