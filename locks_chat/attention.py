@@ -1,6 +1,6 @@
 """The attention setting an answer was made with, as a turn's statistics record it (``stats["attention"]``).
 
-A turn keeps the numbers (budget, rank, dense); the text shown (``LOCKS budget 512, rank 8``, ``dense``) is made
+A turn keeps the numbers (budget, rank, dense, and a tail estimate when one ran); the text shown (``LOCKS budget 512, rank 8``, ``dense``) is made
 from them. Sessions saved before kept that text instead (``stats["mode"]``): :meth:`Attention.from_stats` reads
 both.
 """
@@ -25,11 +25,13 @@ class Attention:
     """LOCKS token budget per decode step and KV head; ``None``: not recorded (a dense answer of an older session)"""
     rank: int | None
     """rank of each KV page's key summary; ``None``: not recorded (as ``budget``)"""
+    tail: str = "none"
+    """the tail estimate of the pages not read (``LocksConfig.tail``); ``none`` too for turns saved before"""
 
     @classmethod
     def of(cls, locks: Any) -> "Attention":
         """The setting of a ``LocksConfig``."""
-        return cls(dense=locks.dense, budget=locks.budget, rank=locks.rank)
+        return cls(dense=locks.dense, budget=locks.budget, rank=locks.rank, tail=getattr(locks, "tail", "none"))
 
     @classmethod
     def from_stats(cls, stats: dict[str, Any]) -> "Attention | None":
@@ -37,7 +39,8 @@ class Attention:
         (``{"mode": "LOCKS budget 512, rank 8"}`` or ``{"mode": "dense"}``)."""
         record = stats.get("attention")
         if isinstance(record, dict):
-            return cls(bool(record.get("dense")), record.get("budget"), record.get("rank"))
+            return cls(bool(record.get("dense")), record.get("budget"), record.get("rank"),
+                       str(record.get("tail") or "none"))
         mode = stats.get("mode")
         if mode == "dense":
             return cls(True, None, None)
@@ -45,16 +48,20 @@ class Attention:
         return cls(False, int(matched[1]), int(matched[2])) if matched else None
 
     def to_json(self) -> dict[str, Any]:
-        """``{"dense", "budget", "rank"}``, what a turn's statistics keep under ``attention``."""
-        return {"dense": self.dense, "budget": self.budget, "rank": self.rank}
+        """``{"dense", "budget", "rank"}``, and ``"tail"`` with a tail estimate, what a turn's statistics keep under
+        ``attention``."""
+        tail = {"tail": self.tail} if self.tail != "none" and not self.dense else {}
+        return {"dense": self.dense, "budget": self.budget, "rank": self.rank, **tail}
 
     def text(self) -> str:
-        """``LOCKS budget 512, rank 8`` or ``dense``."""
-        return "dense" if self.dense else f"LOCKS budget {self.budget}, rank {self.rank}"
+        """``LOCKS budget 512, rank 8`` (``..., tail int8`` with a tail estimate) or ``dense``."""
+        tail = f", tail {self.tail}" if self.tail != "none" else ""
+        return "dense" if self.dense else f"LOCKS budget {self.budget}, rank {self.rank}{tail}"
 
     def short_text(self) -> str:
-        """``LOCKS 512/r8`` or ``dense``, for narrow table cells."""
-        return "dense" if self.dense else f"LOCKS {self.budget}/r{self.rank}"
+        """``LOCKS 512/r8`` (``LOCKS 512/r8+int8`` with a tail estimate) or ``dense``, for narrow table cells."""
+        tail = f"+{self.tail}" if self.tail != "none" else ""
+        return "dense" if self.dense else f"LOCKS {self.budget}/r{self.rank}{tail}"
 
 
 def attention_text(stats: dict[str, Any], missing: str = "", short: bool = False) -> str:

@@ -35,6 +35,12 @@ class StepReading:
     doc_page_reads: tuple[float, ...] = ()
     """For each of ``doc_pages``: the (KV page, layer, KV head) slots read in its tokens in this step, a bin
     shared with a neighbouring page split by tokens (what :meth:`ReadingLog.summary` adds up)."""
+    tail: str = "none"
+    """The engine's tail estimate (``LocksConfig.tail``): ``none``, or the format of the mean values with which the
+    pages not read entered the softmax (``pages_read`` then counts the pages read exactly)."""
+    tail_mass_share: float | None = None
+    """With a tail estimate: the share, 0..1, of the estimated attention mass that the pages not read carried, the
+    mean over layers and KV heads (``locks_engine.stats``' ``row_tail_mass``); ``None`` without one."""
 
 
 MOST_READ = 5
@@ -60,7 +66,18 @@ def step_reading(record: dict[str, Any], prompt: Prompt, row: int = 0) -> StepRe
         read,
         tuple(_page_share(record, hist, prompt, index[page.number]) for page in read),
         tuple(_page_reads(record, hist, prompt, index[page.number]) for page in read),
+        *_tail(record, row),
     )
+
+
+def _tail(record: dict[str, Any], row: int) -> tuple[str, float | None]:
+    """``(tail, tail_mass_share)`` of decode row ``row`` (:class:`StepReading`): the sum over (layer, KV head)
+    pairs of the record's ``row_tail_mass`` over the pairs; ``("none", None)`` without a tail estimate."""
+    tail = str(record.get("tail") or "none")
+    pairs = int(record.get("num_layers", 0)) * int(record.get("num_kv_heads", 0))
+    if tail == "none" or "row_tail_mass" not in record or not pairs:
+        return tail, None
+    return tail, min(1.0, max(0.0, float(record["row_tail_mass"][row]) / pairs))
 
 
 def _page_range(prompt: Prompt, index: int) -> tuple[int, int]:
@@ -120,6 +137,11 @@ class ReadingLog:
         slots read in the document over the answer, ``k`` the decode steps that read some of it.
         ``document_pages_touched`` counts every page some step read; ``document_pages_rest_share`` is the share
         of the pages not named (0 when every page touched is named).
+
+        With a tail estimate (``LocksConfig.tail``; the keys are absent without one): ``tail_estimate`` its format,
+        ``kv_pages_read_exactly_per_step`` the KV pages read exactly (the others entered as the estimate) and
+        ``tail_mass_share`` the share (0-1, 3 decimals) of the estimated attention mass the estimate carried, the
+        mean over decode steps, layers and KV heads.
         """
         read = sum(s.pages_read for s in self.steps)
         total = sum(s.pages_total for s in self.steps)
@@ -146,7 +168,27 @@ class ReadingLog:
                                      "steps": counts[n]} for n in most],
             "document_pages_touched": len(reads),
             "document_pages_rest_share": round(max(0.0, 1.0 - sum(share[n] for n in most)), 3),
+            **self._tail_summary(),
         }
+
+    def _tail_summary(self) -> dict[str, Any]:
+        """The tail estimate's keys of :meth:`summary` (none without a tail estimate)."""
+        tailed = [s for s in self.steps if s.tail_mass_share is not None]
+        if not tailed:
+            return {}
+        return {
+            "tail_estimate": tailed[-1].tail,
+            "kv_pages_read_exactly_per_step": sum(s.pages_read for s in self.steps) / len(self.steps),
+            "tail_mass_share": round(sum(s.tail_mass_share for s in tailed) / len(tailed), 3),
+        }
+
+
+def tail_text(summary: dict[str, Any]) -> str | None:
+    """``tail estimate: int8, 18% of the estimated mass`` from :meth:`ReadingLog.summary`; ``None`` without a tail
+    estimate."""
+    if summary.get("tail_estimate") is None or summary.get("tail_mass_share") is None:
+        return None
+    return f"tail estimate: {summary['tail_estimate']}, {summary['tail_mass_share']:.0%} of the estimated mass"
 
 
 def most_read_text(summary: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """User settings: a TOML file in the user config directory (``locks_chat.paths.settings_path``).
 
-The LOCKS settings (budget, rank, dense) default to ``LocksConfig``'s, and the settings carry the ``LocksConfig``
+The LOCKS settings (budget, rank, dense, tail) default to ``LocksConfig``'s, and the settings carry the ``LocksConfig``
 they make (:attr:`Settings.locks`), built and validated once with them. A missing or unreadable settings file gives
 the defaults (with a warning for an unreadable one); the file is rewritten whole, atomically, on every change.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from locks_chat.errors import LocksChatError
 from locks_chat.paths import settings_path
 from locks_chat.sampling import SAMPLING_KEYS
-from locks_engine.config import LocksConfig
+from locks_engine.config import TAILS, LocksConfig
 from locks_engine.sampling import refusal
 
 LOCKS_DEFAULTS = LocksConfig()
@@ -40,6 +40,9 @@ class Settings:
     """Rank r of each KV page's key summary (``/rank r``)."""
     dense: bool = LOCKS_DEFAULTS.dense
     """Read every KV page, for A/B comparisons (``/dense``)."""
+    tail: str = LOCKS_DEFAULTS.tail
+    """What the KV pages a step does not read contribute: ``none``, or their estimate with mean values kept in
+    ``int8`` or ``bf16`` (``LocksConfig.tail``; ``--tail``)."""
     max_tokens: int = 512
     """Most tokens in one answer."""
     context: int | None = None
@@ -58,11 +61,11 @@ class Settings:
     seed: int | None = None
     """Seed of sampled answers; ``None``: ``locks_engine.sampling.DEFAULT_SEED``."""
     locks: LocksConfig = field(init=False, repr=False, compare=False)
-    """the engine's LOCKS configuration of ``budget``, ``rank`` and ``dense`` (:func:`locks_config`), built with
-    the settings: they are refused together"""
+    """the engine's LOCKS configuration of ``budget``, ``rank``, ``dense`` and ``tail`` (:func:`locks_config`),
+    built with the settings: they are refused together"""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "locks", locks_config(self.budget, self.rank, self.dense))
+        object.__setattr__(self, "locks", locks_config(self.budget, self.rank, self.dense, self.tail))
 
     def with_overrides(self, **values: Any) -> "Settings":
         """A copy with the values that are not ``None`` replaced (command-line options)."""
@@ -73,18 +76,19 @@ class Settings:
         return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
 
 
-def locks_config(budget: int, rank: int, dense: bool, name_prefix: str = "") -> LocksConfig:
+def locks_config(budget: int, rank: int, dense: bool, tail: str = "none", name_prefix: str = "") -> LocksConfig:
     """The one place the app builds a ``LocksConfig`` from what the user gave (settings, options, ``/budget``);
     it is then passed down as it is, to the TUI's panels and to the engine.
 
     Args:
         budget (int): tokens per decode step and KV head. rank (int): summary rank. dense (bool): read every page.
+        tail (str): the tail estimate (``LocksConfig.tail``).
         name_prefix (str): put before the field a refusal names (``--`` for command-line options).
     Raises:
         LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting).
     """
     try:
-        return LocksConfig(budget=budget, rank=rank, dense=dense)
+        return LocksConfig(budget=budget, rank=rank, dense=dense, tail=tail)
     except ValueError as err:
         raise LocksChatError(str(err).replace("LocksConfig.", name_prefix)) from err
 
@@ -117,7 +121,7 @@ def _valid_locks_values(path: Path, values: dict[str, Any], warnings: list[str])
         return Settings(**values)
     except LocksChatError as err:
         reason = err.message
-    locks_keys = [k for k in ("budget", "rank", "dense") if k in values]
+    locks_keys = [k for k in ("budget", "rank", "dense", "tail") if k in values]
     for key in locks_keys:  # the one value whose default makes the rest valid
         rest = {k: v for k, v in values.items() if k != key}
         try:
@@ -135,6 +139,8 @@ def _allowed(key: str, value: Any) -> str | None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if key == "dense":
         return None if isinstance(value, bool) else "true or false"
+    if key == "tail":
+        return None if value in TAILS else ", ".join(TAILS)
     if key == "model":
         return None if isinstance(value, str) and value.strip() else "a model directory or hub id"
     if key == "kv_cache_gib":

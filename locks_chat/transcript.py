@@ -42,6 +42,8 @@ def turn_stats_text(stats: dict) -> str:
         parts.append(f"TPOT {stats['tpot_ms']:.0f} ms")
     if stats.get("decode_steps"):
         parts.append(f"read {stats['kv_pages_read_fraction']:.0%} of KV pages")
+        if stats.get("tail_mass_share") is not None:
+            parts.append(f"tail {stats['tail_mass_share']:.0%} of the estimated mass")
     if attention := attention_text(stats):
         parts.append(attention)
     if sampling := sampling_text(stats.get("sampling"), "short"):

@@ -99,7 +99,7 @@ class StreamEvent:
     """Seconds since the request was added."""
     stats: list[dict[str, Any]]
     """LOCKS step records (``locks_engine.stats.record_dtype``, plus the ring's ``pages_per_bin`` and
-    ``page_size``) written since the previous event."""
+    ``page_size`` and the engine's ``tail``, ``LocksConfig.tail``) written since the previous event."""
     cached_tokens: int | None = None
     """Prompt tokens vLLM served from its prefix cache instead of prefilling (``RequestOutput.num_cached_tokens``,
     whole KV blocks); ``None`` until the prefill has ended."""
@@ -203,6 +203,7 @@ class LocksEngine:
         for record in new:
             record["pages_per_bin"] = int(self.ring.header["pages_per_bin"])
             record["page_size"] = int(self.ring.header["page_size"])
+            record["tail"] = self.options.locks.tail  # what ``row_tail_mass`` measured (``none``: nothing)
         return new
 
     def stream(

@@ -19,7 +19,10 @@ size are never opened. With one rank the merged records are rank 0's records.
 
 File layout (little endian): a 128-byte header (``HEADER``), then ``capacity`` records (``record_dtype``).
 Units: pages are KV pages of ``page_size`` tokens, counted once per layer and KV head (a page read by 30 layers
-and 3 KV heads counts 90); bytes are K+V bytes plus the summary bytes scanned. This module imports numpy only.
+and 3 KV heads counts 90); bytes are K+V bytes plus the summary bytes scanned. ``row_tail_mass`` (a tail
+estimate, ``LocksConfig.tail``) is the share, 0-1, of a row's estimated attention mass that the pages not read
+carried (``ops.tail.tail_mass_share``), summed over layers and KV heads like the pages: divided by
+``num_layers * num_kv_heads`` it is the mean share; 0 without a tail estimate. This module imports numpy only.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"LOCKSST1"
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 128
 #: Decode rows recorded per step (further rows are counted in the totals only).
 MAX_ROWS = 8
@@ -84,6 +87,7 @@ def record_dtype(max_rows: int, hist_bins: int) -> np.dtype:
             ("row_pages_read", "<u4", (max_rows,)),  # as pages_read, per row
             ("row_pages_total", "<u4", (max_rows,)),
             ("row_hist", "<u2", (max_rows, hist_bins)),  # per page bin: (layer, KV head) pairs that read it
+            ("row_tail_mass", "<f4", (max_rows,)),  # share of the estimated mass in the tail, summed over (layer, KV head)
         ]
     )
 
@@ -232,7 +236,7 @@ class RankStatsError(ValueError):
 #: Record fields that add up over tensor-parallel ranks (each rank counts its own KV heads).
 SUMMED = (
     "num_kv_heads", "pages_read", "pages_total", "summaries_read", "bytes_read", "bytes_dense",
-    "row_pages_read", "row_pages_total", "row_hist",
+    "row_pages_read", "row_pages_total", "row_hist", "row_tail_mass",
 )
 
 
@@ -251,7 +255,9 @@ def merge_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["time_ns"] = max(int(r["time_ns"]) for r in records)
     for name in SUMMED:
         first = records[0][name]
-        if isinstance(first, np.ndarray):
+        if isinstance(first, np.ndarray) and first.dtype.kind == "f":
+            out[name] = np.sum([r[name] for r in records], axis=0).astype(first.dtype)
+        elif isinstance(first, np.ndarray):
             total = np.sum([r[name].astype(np.int64) for r in records], axis=0)
             out[name] = np.minimum(total, np.iinfo(first.dtype).max).astype(first.dtype)
         else:

@@ -61,6 +61,7 @@ def ask_command(
     budget: opt.Budget = LOCKS_DEFAULTS.budget,
     rank: opt.Rank = LOCKS_DEFAULTS.rank,
     dense: opt.Dense = False,
+    tail: opt.Tail = LOCKS_DEFAULTS.tail,
     max_tokens: opt.MaxTokens = 256,
     context: opt.ContextLength = None,
     kv_cache_gib: opt.KvCacheGib = None,
@@ -86,7 +87,7 @@ def ask_command(
 
     follow = FollowUp(continue_last, session)
     options = AskOptions(
-        doc=doc, question=question, locks=locks_config(budget, rank, dense, name_prefix="--"), pages=pages,
+        doc=doc, question=question, locks=locks_config(budget, rank, dense, tail, name_prefix="--"), pages=pages,
         password=password, model=model, max_tokens=max_tokens, context=context, kv_cache_gib=kv_cache_gib,
         json_out=json_out, follow=follow,
         sampling=sampling_given(temperature=temperature, top_p=top_p, top_k=top_k,
@@ -106,6 +107,7 @@ def chat_command(
     budget: opt.Budget = None,
     rank: opt.Rank = None,
     dense: opt.DenseSwitch = None,
+    tail: opt.TailSetting = None,
     max_tokens: opt.MaxTokens = None,
     context: opt.ContextLength = None,
     kv_cache_gib: opt.KvCacheGib = None,
@@ -127,7 +129,7 @@ def chat_command(
 
     run_chat(doc, pages, password, model, budget, rank, dense, max_tokens, context, new, kv_cache_gib,
              sampling_given(temperature=temperature, top_p=top_p, top_k=top_k,
-                            repetition_penalty=repetition_penalty, seed=seed))
+                            repetition_penalty=repetition_penalty, seed=seed), tail=tail)
 
 
 sessions_app = typer.Typer(no_args_is_help=True,

@@ -25,7 +25,7 @@ class AskOptions:
     """the document; ``-``: standard input"""
     question: str
     locks: LocksConfig
-    """``--budget``, ``--rank``, ``--dense``, built and validated once by the command line"""
+    """``--budget``, ``--rank``, ``--dense``, ``--tail``, built and validated once by the command line"""
     pages: str | None = None
     """``--pages``; ``None``: the continued session's range, else every page"""
     password: str | None = None
@@ -79,7 +79,7 @@ def run_ask(options: AskOptions, console: Console) -> None:
     from locks_chat.cli.followup import cache_note, conversation_json, open_conversation, read_input, session_note
     from locks_chat.engine_client import open_engine, open_tokenizer
     from locks_chat.ingest import rich_progress
-    from locks_chat.reading import most_read_text
+    from locks_chat.reading import most_read_text, tail_text
     from locks_chat.sampling import answer_sampling, sampling_text
 
     question, max_tokens = options.question, options.max_tokens
@@ -135,8 +135,9 @@ def run_ask(options: AskOptions, console: Console) -> None:
     steps = summary["decode_steps"]
     if steps:
         per_token = summary["kv_bytes_read"] / steps / 1e6, summary["kv_bytes_dense"] / steps / 1e6
-        read = (f"read {summary['kv_pages_read_fraction']:.0%} of KV pages ({per_token[0]:.1f} of {per_token[1]:.1f} "
-                "MB per token)")
+        tail = tail_text(summary)
+        read = (f"read {summary['kv_pages_read_fraction']:.0%} of KV pages{' exactly' if tail else ''} "
+                f"({per_token[0]:.1f} of {per_token[1]:.1f} MB per token){f' · {tail}' if tail else ''}")
     else:
         read = "no decode step"  # the one token came from the prefill
     tpot = f"{result.tpot_ms:.0f} ms" if result.tpot_ms is not None else "-"  # one token has no TPOT

@@ -18,10 +18,10 @@ def terminal_attached() -> bool:
 def run_chat(
     doc: Path, pages: str | None, password: str | None, model: str | None, budget: int | None, rank: int | None,
     dense: bool | None, max_tokens: int | None, context: int | None, new: bool, kv_cache_gib: float | None = None,
-    sampling: dict | None = None,
+    sampling: dict | None = None, tail: str | None = None,
 ) -> None:
     """Open the TUI on ``doc``; options given override the settings file for this run (``sampling``: the
-    sampling options given, ``locks_chat.sampling.SAMPLING_KEYS``).
+    sampling options given, ``locks_chat.sampling.SAMPLING_KEYS``; ``tail``: ``--tail``).
 
     Raises:
         LocksChatError: no terminal, a document or ``--pages`` selection that cannot be read
@@ -48,7 +48,7 @@ def run_chat(
     settings, warnings = load_settings()
     # the settings carry their LocksConfig, built with them: a value LOCKS refuses is said here
     settings = settings.with_overrides(
-        model=model, budget=budget, rank=rank, dense=dense, max_tokens=max_tokens, context=context,
+        model=model, budget=budget, rank=rank, dense=dense, tail=tail, max_tokens=max_tokens, context=context,
         kv_cache_gib=kv_cache_gib, **(sampling or {}),
     )
     check_document(doc, password=password, pages=pages)

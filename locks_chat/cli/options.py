@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from locks_chat.settings import LOCKS_DEFAULTS, MIN_CONTEXT, MIN_KV_CACHE_GIB
+from locks_engine.config import TAILS
 
 #: the smallest budget LOCKS takes: the pages every step reads (sink, recent and the last page), in tokens
 MIN_BUDGET = LOCKS_DEFAULTS.min_budget
@@ -50,6 +51,13 @@ def _above_zero(value: Optional[float]) -> Optional[float]:
     """``--top-p`` and ``--repetition-penalty`` take numbers above 0 (``nan`` and ``inf`` refused too)."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise typer.BadParameter(f"{value:g} is not allowed: give a number above 0")
+    return value
+
+
+def _tail_given(value: Optional[str]) -> Optional[str]:
+    """``--tail`` takes one of ``LocksConfig``'s tail settings."""
+    if value is not None and value not in TAILS:
+        raise typer.BadParameter(f"{value!r} is not a tail estimate: give {', '.join(TAILS[:-1])} or {TAILS[-1]}")
     return value
 
 
@@ -111,6 +119,15 @@ Rank = Annotated[
         min=1,
         max=LOCKS_DEFAULTS.page_size,
     ),
+]
+_TAIL_HELP = ("What the KV pages a step does not read contribute: none (left out), or an estimate from their "
+              "summaries' mass and their mean values kept in int8 or bf16 (the answer's statistics then say what share "
+              "of the estimated mass it carried).")
+Tail = Annotated[str, typer.Option("--tail", help=_TAIL_HELP, metavar="|".join(TAILS), callback=_tail_given)]
+TailSetting = Annotated[
+    Optional[str],
+    typer.Option("--tail", help=_TAIL_HELP + " Default: the settings file's, else none.", show_default=False,
+                 metavar="|".join(TAILS), callback=_tail_given),
 ]
 KvCacheGib = Annotated[
     Optional[float],

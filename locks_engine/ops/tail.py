@@ -170,17 +170,53 @@ def tail_paged_attention(
     """
     from locks_engine.ops.attention import sparse_paged_attention
 
-    seqs, num_q_heads, dim = q.shape
+    num_q_heads = q.shape[1]
     heads = selected.shape[1]
     pmax = scores.shape[-1]
     out_x, lse_x = sparse_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, page_size, scale)
-    pages = torch.arange(pmax, device=q.device)
-    complete = pages < (seq_lens.long() // page_size).unsqueeze(1)  # [S, Pmax]
-    read = torch.zeros(seqs, heads, pmax + 1, dtype=torch.bool, device=q.device)
-    read.scatter_(-1, torch.where(selected < 0, pmax, selected.clamp(max=pmax)), True)
-    tail = complete.unsqueeze(1) & ~read[..., :pmax]  # [S, H, Pmax]
+    tail = tail_pages(selected, seq_lens, pmax, page_size)  # [S, H, Pmax]
     tail = tail.repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax]
     means = value_means[:, :pmax].transpose(1, 2).repeat_interleave(num_q_heads // heads, dim=1)  # [S, HQ, Pmax, D]
     out_t, lse_t = tail_split(scores.float().masked_fill(~tail, float("-inf")), means)
     out, lse = merge_splits(out_x, lse_x, out_t, lse_t)
     return out.to(q.dtype), lse
+
+
+def tail_pages(selected: Tensor, seq_lens: Tensor, pmax: int, page_size: int) -> Tensor:
+    """The pages each KV head leaves to the tail estimate: complete and not selected.
+
+    Args:
+        selected (Tensor): `[S, H, K]` logical pages read, ``-1`` unused. seq_lens (Tensor): `[S]` tokens.
+        pmax (int): logical pages of the scores. page_size (int): B.
+    Returns:
+        Tensor: bool `[S, H, Pmax]`.
+    """
+    seqs, heads = selected.shape[:2]
+    pages = torch.arange(pmax, device=selected.device)
+    complete = pages < (seq_lens.long() // page_size).unsqueeze(1)  # [S, Pmax]
+    read = torch.zeros(seqs, heads, pmax + 1, dtype=torch.bool, device=selected.device)
+    read.scatter_(-1, torch.where(selected < 0, pmax, selected.clamp(max=pmax)), True)
+    return complete.unsqueeze(1) & ~read[..., :pmax]
+
+
+def tail_mass_share(scores: Tensor, selected: Tensor, seq_lens: Tensor, page_size: int) -> Tensor:
+    """Share of the estimated attention mass that the tail carries, per KV head: for each query head
+    ``sum_{j in tail} exp(s_j) / sum_{j complete} exp(s_j)`` (``tail_pages``; the scores the selection ranked by),
+    averaged over the query heads of the KV head's group. No host sync (CUDA-graph safe).
+
+    Args:
+        scores (Tensor): `[S, HQ, Pmax]` estimated log mass of each logical page, ``-inf`` without a score.
+        selected (Tensor): `[S, H, K]` logical pages read, ``-1`` unused. seq_lens (Tensor): `[S]` tokens.
+        page_size (int): B.
+    Returns:
+        Tensor: fp32 `[S, H]` in [0, 1]; 0 where the tail is empty or no complete page has a score.
+    """
+    heads, pmax = selected.shape[1], scores.shape[-1]
+    group = scores.shape[1] // heads
+    tail = tail_pages(selected, seq_lens, pmax, page_size).repeat_interleave(group, dim=1)  # [S, HQ, Pmax]
+    complete = torch.arange(pmax, device=scores.device) < (seq_lens.long() // page_size).unsqueeze(1)
+    scores = scores.float().masked_fill(~complete.unsqueeze(1), float("-inf"))
+    lse_all = torch.logsumexp(scores, dim=-1)  # [S, HQ]
+    lse_tail = torch.logsumexp(scores.masked_fill(~tail, float("-inf")), dim=-1)
+    share = torch.where(torch.isfinite(lse_all), torch.exp(lse_tail - lse_all), torch.zeros_like(lse_all))
+    return share.view(share.shape[0], heads, group).mean(-1)

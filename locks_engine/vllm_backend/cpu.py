@@ -29,7 +29,7 @@ from locks_engine.ops.paging import selected_blocks
 from locks_engine.ops.select import every_page, reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction, scanned_summaries, select_two_level
-from locks_engine.ops.tail import row_value_means, tail_paged_attention
+from locks_engine.ops.tail import row_value_means, tail_mass_share, tail_paged_attention
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
@@ -154,15 +154,22 @@ class CpuPath:
         return score(q, store, block_table, seq_lens, cfg.page_size, kv_cache.shape[2], self.scale)
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
-               meta: LocksMetadata, out: Tensor) -> None:
+               meta: LocksMetadata, out: Tensor) -> Tensor | None:
         """Exact softmax attention over the selected pages only (paper Section 3.4), written into ``out``
-        `[S, HQ, D]`."""
+        `[S, HQ, D]`; with a tail estimate, the other complete pages' estimate too.
+
+        Returns:
+            Tensor | None: fp32 `[S, H]` share of each KV head's estimated mass that the tail carried
+            (``ops.tail.tail_mass_share``), None without a tail estimate this step.
+        """
         page_size = meta.cfg.page_size
         tail, self._tail_scores = self._tail_scores, None
+        share = None
         if tail is not None:
             if self.amx(kv_cache):
                 raise ValueError(f"LocksConfig.tail={meta.cfg.tail!r}: not on vLLM's amx cache layout")
             attn = self._attend_with_tail(q, kv_cache, selected, block_table, seq_lens, tail, meta)
+            share = tail_mass_share(tail, selected, seq_lens, page_size)
         elif self.amx(kv_cache):
             # -1 slots read page 0, masked in the attention
             blocks, in_block = selected_blocks(block_table, selected, kv_cache.shape[2] // page_size)
@@ -176,6 +183,7 @@ class CpuPath:
                 q, k_cache, v_cache, block_table, seq_lens, selected, page_size, self.scale
             )
         out.copy_(attn)
+        return share
 
     def _attend_with_tail(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                           scores: Tensor, meta: LocksMetadata) -> Tensor:

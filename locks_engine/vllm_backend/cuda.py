@@ -16,7 +16,8 @@ A tail estimate (``LocksConfig.tail``) runs eagerly too, for now as its torch re
 scores it ranked by (Triton's ``score_pages``, or the oracle's), and the attention is
 ``ops.tail.tail_paged_attention`` (the selected pages exactly, every other complete page as its estimated mass times
 its mean value, merged by log-sum-exp) with the means computed from the V cache every step: a quality reference
-(RULER), not the speed path.
+(RULER), not the speed path. The share of the estimated mass the tail carried (``ops.tail.tail_mass_share``, torch
+on the device, no host sync) goes to the statistics (``device_stats``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from locks_engine.ops.baselines import oracle_scores_by_row
 from locks_engine.ops.select import reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction
-from locks_engine.ops.tail import row_value_means, tail_paged_attention
+from locks_engine.ops.tail import row_value_means, tail_mass_share, tail_paged_attention
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
@@ -174,9 +175,14 @@ class CudaPath:
                             cfg.recent_pages)
 
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
-               meta: LocksMetadata, out: Tensor) -> None:
+               meta: LocksMetadata, out: Tensor) -> Tensor | None:
         """The second half of ``locks_kernels``' decode step (``decode_step`` after ``select_step``): exact
-        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`."""
+        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`.
+
+        Returns:
+            Tensor | None: fp32 `[S, H]` share of each KV head's estimated mass that the tail estimate carried
+            (``ops.tail.tail_mass_share``, on the device), None without a tail estimate this step.
+        """
         from locks_kernels import sparse_paged_attention
 
         k_cache, v_cache = self.views(kv_cache)
@@ -186,7 +192,8 @@ class CudaPath:
             attn, _ = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, means,
                                            meta.cfg.page_size, self.scale)
             out.copy_(attn)
-            return
+            return tail_mass_share(tail, selected, seq_lens, meta.cfg.page_size)
         sparse_paged_attention(
             q, k_cache, v_cache, block_table, seq_lens, selected, meta.cfg.page_size, self.scale, out=out
         )
+        return None

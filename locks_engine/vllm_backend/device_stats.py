@@ -3,8 +3,10 @@
 The host-side counters of ``step_stats.StepStats`` run Python in ``forward``, which a replayed CUDA graph skips.
 Here every LOCKS layer copies its selection into its row of one device buffer (one copy kernel a layer), and the
 model's last layer turns the buffer into the step's record with a handful of tensor ops: pages read per row, the
-per-page-bin histogram the app's Pages-read panel draws, the totals behind bytes read against dense. The record
-goes into slot ``step % SLOTS`` of a small device ring, and the whole ring is copied to pinned host memory
+per-page-bin histogram the app's Pages-read panel draws, the totals behind bytes read against dense; with a tail
+estimate also the share of the estimated mass the tail carried (each layer copies its sum over KV heads into a
+second buffer; no launch without a tail). The record goes into slot ``step % SLOTS`` of a small device ring, and
+the whole ring is copied to pinned host memory
 (``copy_(non_blocking=True)``, a memcpy node of the graph), then each slot's step number a second time, after its
 body. All of it is captured once and replayed every step.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,6 +33,8 @@ SLOTS = 4
 #: int32 fields of a slot before the per-row fields: step, decode rows, prefill tokens, pages read, pages total,
 #: summaries scanned (pages, layers and KV heads counted as in ``locks_engine.stats``).
 _HEAD = 6
+#: per-row fields of a slot: sequence length, pages read, pages total, and the tail's mass share (fp32 bits)
+_ROW_FIELDS = 4
 
 _live: list["DeviceStepStats"] = []
 """Every ``DeviceStepStats`` of this process (``flush_all``): the worker extension reaches them through it."""
@@ -60,11 +65,16 @@ class DeviceStepStats:
         self.bins = int(ring.header["hist_bins"])
         self.pages_per_bin = int(ring.header["pages_per_bin"])
         self.page_size = int(ring.header["page_size"])
-        self.slot_len = _HEAD + 3 * self.max_rows + self.max_rows * self.bins
+        self.slot_len = _HEAD + _ROW_FIELDS * self.max_rows + self.max_rows * self.bins
         self.max_num_seqs = max_num_seqs
         self.selected: Tensor | None = None
         """int64 `[L, max_num_seqs, H, W]` this step's selection of every layer (``W``: the selection's slots,
         ``min(K, Pmax)`` or ``Pmax`` where every page is read; allocated by the first decode, an eager one)."""
+        self.tail = torch.zeros(self.num_layers, max_num_seqs, dtype=torch.float32, device=device)
+        """fp32 `[L, max_num_seqs]` this step's tail mass share of every layer, summed over KV heads (zeroed
+        by the step's close: a layer without a tail leaves 0)."""
+        self.tailed = False
+        """Some layer gave a tail share (the records then carry it; without a tail no launch is added)."""
         self.step = torch.zeros((), dtype=torch.int32, device=device)
         self.slots = torch.zeros(SLOTS, self.slot_len, dtype=torch.int32, device=device)
         self.tails = torch.zeros(SLOTS, dtype=torch.int32, device=device)
@@ -79,7 +89,8 @@ class DeviceStepStats:
         _live.append(self)
 
     def count(self, layer_name: str, selected: Tensor | None, every: bool | None, seq_lens: Tensor,
-              num_prefill_tokens: Tensor, two_level: tuple[int, float] | None = None) -> None:
+              num_prefill_tokens: Tensor, two_level: tuple[int, float] | None = None,
+              tail_share: Tensor | None = None) -> None:
         """Record one layer's decode selection (no host sync: CUDA-graph safe); the last layer closes the step.
 
         Args:
@@ -91,6 +102,8 @@ class DeviceStepStats:
             two_level (tuple | None): ``(slots, coarse_fraction)`` of a two-level layer (the summaries it scanned
                 are counted from the lengths once a step, ``ops.superpages.two_level_scanned``, not by more launches
                 in every layer's graph); None for a flat scan (every complete page).
+            tail_share (Tensor | None): fp32 `[S, H]` share of each KV head's estimated mass that the tail
+                estimate carried (``ops.tail.tail_mass_share``); None: no tail this layer (counted as 0).
         Raises:
             RuntimeError: the selection buffer would be allocated inside CUDA graph capture.
         """
@@ -98,6 +111,9 @@ class DeviceStepStats:
         rows = 0 if selected is None else selected.shape[0]
         if rows:
             self._buffer(selected)[layer, :rows].copy_(selected)
+            if tail_share is not None:
+                self.tail[layer, :rows].copy_(tail_share.sum(-1))
+                self.tailed = True
             if two_level is not None and not every:
                 self.two_level[two_level] = self.two_level.get(two_level, 0) + 1
         if layer == self.num_layers - 1:
@@ -139,11 +155,14 @@ class DeviceStepStats:
                     scanned = sum(n * two_level_scanned(seq, self.page_size, slots, coarse)
                                   for (slots, coarse), n in self.two_level.items())
                     record[5] += (scanned * self.kv_heads).round().to(torch.int32)
-            fields = record[_HEAD:_HEAD + 3 * self.max_rows].view(3, self.max_rows)
+            fields = record[_HEAD:_HEAD + _ROW_FIELDS * self.max_rows].view(_ROW_FIELDS, self.max_rows)
             fields[0, :shown] = seq[:shown]
             fields[1, :shown] = per_row[:shown]
             fields[2, :shown] = pages[:shown] * heads
-            hist = record[_HEAD + 3 * self.max_rows:].view(self.max_rows, self.bins)
+            if self.tailed:
+                fields[3].view(torch.float32)[:shown] = self.tail[:, :shown].sum(0)
+                self.tail.zero_()
+            hist = record[_HEAD + _ROW_FIELDS * self.max_rows:].view(self.max_rows, self.bins)
             bins = (sel[:shown].clamp_min(0) // self.pages_per_bin).clamp_max(self.bins - 1)
             hist[:shown].scatter_add_(1, bins, valid[:shown].to(torch.int32))
         slot = (self.step % SLOTS).long().view(1)
@@ -173,7 +192,7 @@ class DeviceStepStats:
         """Append one slot (a numpy int32 copy) to the ring."""
         m = self.max_rows
         step, decodes, prefill, read, total, summaries = body[:_HEAD].tolist()
-        rows = body[_HEAD:_HEAD + 3 * m].reshape(3, m)
+        rows = body[_HEAD:_HEAD + _ROW_FIELDS * m].reshape(_ROW_FIELDS, m)
         self.ring.append({
             "time_ns": time.time_ns(),
             "step": step,
@@ -189,7 +208,8 @@ class DeviceStepStats:
             "row_seq_len": rows[0],
             "row_pages_read": rows[1],
             "row_pages_total": rows[2],
-            "row_hist": body[_HEAD + 3 * m:].reshape(m, self.bins).clip(0, 65535),
+            "row_hist": body[_HEAD + _ROW_FIELDS * m:].reshape(m, self.bins).clip(0, 65535),
+            "row_tail_mass": rows[3].view(np.float32),
         })
 
 

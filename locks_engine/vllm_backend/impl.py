@@ -144,19 +144,21 @@ class LocksAttentionImpl(AttentionImpl):
                 self.calibration.update(query[nd:end], meta.prefill, store, self._superpages, self.num_kv_heads,
                                         kv_cache.shape[2], self.scale, kv_cache.is_cuda)
         layer_name = getattr(layer, "layer_name", meta.last_layer_name)
-        selected = every = scanned = None
+        selected = every = scanned = tail_share = None
         if nd:
             selection = self._selection(store, meta.cfg, layer_name, kv_cache.is_cuda)
             selected, block_table, every, scanned = path.select(query[:nd], kv_cache, selection, meta)
             undo = self._run_hooks(path, kv_cache, meta, layer_name, selected, block_table)
-            path.attend(query[:nd], kv_cache, selected, block_table, meta.seq_lens[:nd], meta, output[:nd])
+            tail_share = path.attend(query[:nd], kv_cache, selected, block_table, meta.seq_lens[:nd], meta,
+                                     output[:nd])
             for restore in reversed(undo):
                 restore()
         if isinstance(meta.stats, DeviceStepStats):
             qsl = meta.query_start_loc
-            meta.stats.count(layer_name, selected, every, meta.seq_lens[:nd], qsl[-1] - qsl[nd], scanned)
+            meta.stats.count(layer_name, selected, every, meta.seq_lens[:nd], qsl[-1] - qsl[nd], scanned,
+                             tail_share)
         elif meta.stats is not None:
-            self._count(meta, selected, scanned, layer_name == meta.last_layer_name)
+            self._count(meta, selected, scanned, layer_name == meta.last_layer_name, tail_share)
         return output
 
     def _selection(self, store: PageSummaries | None, cfg: LocksConfig, layer_name: str, cuda: bool) -> Selection:
@@ -203,15 +205,17 @@ class LocksAttentionImpl(AttentionImpl):
                 undo.append(restore)
         return undo
 
-    def _count(self, meta: LocksMetadata, selected: Tensor | None, scanned: Tensor | None, last_layer: bool) -> None:
+    def _count(self, meta: LocksMetadata, selected: Tensor | None, scanned: Tensor | None, last_layer: bool,
+               tail_share: Tensor | None = None) -> None:
         """Add this layer's decode reads to the step's host statistics (CPU path; host syncs);
-        the last layer flushes the step to the ring. Summaries scanned: ``scanned``, the path's count."""
+        the last layer flushes the step to the ring. Summaries scanned: ``scanned``, the path's count;
+        ``tail_share`` `[S, H]`: the tail estimate's share of the estimated mass (None: no tail)."""
         num_pages, scored = None, 0.0
         if selected is not None:
             seq_lens, page_size = meta.seq_lens[: meta.num_decodes].long(), meta.cfg.page_size
             num_pages = (seq_lens + page_size - 1) // page_size
             scored = float(scanned)
-        meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads)
+        meta.stats.add_layer(selected, num_pages, scored, self.num_kv_heads, tail_share)
         if last_layer:
             meta.stats.flush()
 

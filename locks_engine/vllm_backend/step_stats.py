@@ -12,6 +12,7 @@ from torch import Tensor
 
 from locks_engine.config import LocksConfig
 from locks_engine.ops import summary_bytes
+from locks_engine.ops.tail import value_mean_bytes
 from locks_engine.stats import StatsRing
 
 
@@ -22,12 +23,15 @@ def scan_bytes(cfg: LocksConfig, head_dim: int, kv_dtype: torch.dtype) -> tuple[
     Scoring reads a page summary (``summary_bytes``); nothing with ``dense``. The ``oracle`` selection scores a
     page from its keys, so its scan costs the page's K bytes (half its K+V): a step's ``summaries_read`` counts
     the complete pages as for the flat scan, and ``bytes_read`` is then every complete page's K (the scores) plus
-    the selected pages' K+V (the attention), what the oracle reads, the selected pages' keys twice.
+    the selected pages' K+V (the attention), what the oracle reads, the selected pages' keys twice. A tail estimate
+    (``cfg.tail``) adds each scored page's mean value vector (``ops.tail.value_mean_bytes``: the pages not read
+    enter through it; counted for every complete page, the few selected ones included).
     """
     summary, kv = summary_bytes(cfg.page_size, cfg.rank, head_dim, cfg.summary_format, kv_dtype)
     if cfg.dense:
         return kv, 0
-    return kv, kv // 2 if cfg.selection == "oracle" else summary
+    means = value_mean_bytes(head_dim, cfg.tail) if cfg.tail != "none" else 0
+    return kv, (kv // 2 if cfg.selection == "oracle" else summary) + means
 
 
 class StepStats:
@@ -49,6 +53,7 @@ class StepStats:
         self.pages_per_bin = int(ring.header["pages_per_bin"])
         self.hist = torch.zeros(self.max_rows, self.bins, dtype=torch.int32)  # [rows, bins]
         self.row_pages = torch.zeros(self.max_rows, dtype=torch.int64)
+        self.row_tail = torch.zeros(self.max_rows, dtype=torch.float64)
         self.steps = 0
         self.reset([], 0)
 
@@ -58,13 +63,15 @@ class StepStats:
         self.num_prefill_tokens = num_prefill_tokens
         self.hist.zero_()
         self.row_pages.zero_()
+        self.row_tail.zero_()
         self.layers = 0
         self.kv_heads = 0
         self.pages_read = 0
         self.pages_total = 0
         self.summaries_read = 0
 
-    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: float, kv_heads: int) -> None:
+    def add_layer(self, selected: Tensor | None, num_pages: Tensor | None, scored_pages: float, kv_heads: int,
+                  tail_share: Tensor | None = None) -> None:
         """Count one layer's decode reads.
 
         Args:
@@ -73,6 +80,8 @@ class StepStats:
             scored_pages (float): page summaries scanned by this layer, summed over rows, per KV head (a two-level
                 scan's superpage centroids counted as fractions of a page summary).
             kv_heads (int): H.
+            tail_share (Tensor | None): `[S, H]` share of each KV head's estimated mass that the tail estimate
+                carried (``ops.tail.tail_mass_share``); None: no tail this layer (counted as 0).
         """
         self.layers += 1
         self.kv_heads = kv_heads
@@ -87,6 +96,8 @@ class StepStats:
         self.row_pages[:rows] += per_row[:rows]
         bins = (selected[:rows].clamp_min(0).cpu() // self.pages_per_bin).clamp_max(self.bins - 1).flatten(1)
         self.hist[:rows].scatter_add_(1, bins, valid[:rows].flatten(1).to(torch.int32))
+        if tail_share is not None:
+            self.row_tail[:rows] += tail_share[:rows].detach().cpu().double().sum(-1)
 
     def flush(self) -> None:
         """Append the finished step to the ring."""
@@ -112,5 +123,6 @@ class StepStats:
                 "row_pages_read": self.row_pages.tolist(),
                 "row_pages_total": row_total + pad,
                 "row_hist": self.hist.clamp_max(65535).numpy(),
+                "row_tail_mass": self.row_tail.numpy(),
             }
         )

@@ -73,6 +73,37 @@ def test_device_records_equal_host_records(tmp_path, device, seq_lens, every):
             np.testing.assert_array_equal(got[field], want[field], err_msg=field)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_records_carry_the_tail_share_as_host_records_do(tmp_path, device):
+    """Each row's tail share summed over layers and KV heads; a step without a tail (every page read) gives 0,
+    not the previous step's."""
+    gen = torch.Generator().manual_seed(1)
+    seq_lens = [700, 33, 5000, 16, 129]
+    host_ring, device_ring = _rings(tmp_path, max_pages=400)
+    host = StepStats(host_ring, page_bytes=4096, summary_page_bytes=720)
+    dev = DeviceStepStats(device_ring, 4096, 720, LAYERS, num_kv_heads=2, max_num_seqs=8, device=torch.device(device))
+    lens = torch.tensor(seq_lens)
+    sums = []
+    for tailed in (True, False):
+        selections = [_selection(gen, seq_lens, 2, 8) for _ in LAYERS]
+        shares = [torch.rand(len(seq_lens), 2, generator=gen) if tailed else None for _ in LAYERS]
+        host.reset(seq_lens, 0)
+        for name, selected, share in zip(LAYERS, selections, shares):
+            host.add_layer(selected, (lens + PAGE - 1) // PAGE, 0, 2, share)
+            dev.count(name, selected.to(device), False, lens.to(device, torch.int32),
+                      torch.tensor(0, dtype=torch.int32, device=device),
+                      tail_share=None if share is None else share.to(device))
+        host.flush()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        assert dev.collect() == 1
+        sums.append(torch.stack(shares).sum((0, 2))[:4].numpy() if tailed else np.zeros(4))
+    for want, got, expected in zip(host_ring.latest(2), device_ring.latest(2), sums):
+        np.testing.assert_allclose(want["row_tail_mass"], expected, rtol=1e-6)
+        np.testing.assert_allclose(got["row_tail_mass"], expected, rtol=1e-6)
+    assert sums[0].min() > 0
+
+
 def test_collect_appends_each_finished_step_once_and_skips_a_slot_being_copied(tmp_path):
     _, ring = _rings(tmp_path, max_pages=64)
     dev = DeviceStepStats(ring, 4096, 720, LAYERS[:1], num_kv_heads=1, max_num_seqs=2, device=torch.device("cpu"))

@@ -106,3 +106,39 @@ def test_a_budget_covering_the_context_is_dense_attention(platform: str) -> None
     batch = SCENARIOS["medium_decode"]
     run, out, _ = decode_run(LocksConfig(budget=max(batch.seq_lens) + 3 * PAGE, tail="int8"), platform)
     assert_close("covering", run.reference().cpu(), out, 1e-5)
+
+
+def brute_force_tail_share(run: Run, selected: torch.Tensor) -> list[float]:
+    """Per decode row: the exact mass of the complete pages no KV head's selection read over every complete page's
+    mass, per query head, averaged over each KV head's group and summed over the KV heads (the record's units)."""
+    shares = []
+    for row, n in enumerate(run.batch.seq_lens):
+        q, k = run.q[row][n - 1].float().cpu(), run.k[row][:n].float().cpu()
+        complete, total = n // PAGE, 0.0
+        for hq in range(HQ):
+            h = hq // (HQ // H)
+            mass = torch.exp((k[: complete * PAGE, h] @ q[hq]) * D**-0.5).view(complete, PAGE).sum(-1)
+            read = {int(p) for p in selected[row, h] if 0 <= p < complete}
+            tail = [p for p in range(complete) if p not in read]
+            total += float(mass[tail].sum() / mass.sum()) / (HQ // H)
+        shares.append(total)
+    return shares
+
+
+def test_the_statistics_carry_the_tails_share_of_the_estimated_mass(tmp_path, platform: str) -> None:
+    from locks_engine.stats import StatsRing
+    from tests.backend.test_oracle_backend import recorded_run
+
+    batch, path = SCENARIOS["medium_decode"], tmp_path / "stats.bin"
+    cfg = LocksConfig(budget=4 * PAGE, selection="oracle", tail="int8")
+    _, _, selected = recorded_run(batch, cfg, platform, stats_path=path)
+    record = StatsRing(path).latest()[0]
+    got = record["row_tail_mass"][: len(batch.seq_lens)]
+    want = brute_force_tail_share(Run(batch, cfg, torch.float32, device=device_of(platform)), selected)
+    assert got[0] > 0.1 * H and got[3] == 0  # the longest row leaves much to the tail; 17 tokens read every page
+    assert torch.allclose(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64), atol=1e-4)
+    # bytes read: the selected pages' K+V, every complete page's K (the oracle's scores) and int8 mean value
+    kv = 2 * PAGE * D * 4  # fp32 K+V of one page of one KV head
+    assert record["bytes_read"] == record["pages_read"] * kv + record["summaries_read"] * (kv // 2 + D + 2)
+    _, _, _ = recorded_run(batch, LocksConfig(budget=4 * PAGE, selection="oracle"), platform, stats_path=path)
+    assert not StatsRing(path).latest()[0]["row_tail_mass"].any()  # no tail, no share

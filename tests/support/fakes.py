@@ -68,16 +68,19 @@ class FakeEngine:
     events report the prompt tokens a prefix cache of that block size would serve from this engine's earlier
     prompts (``cached_tokens``); without it they report none (``None``), as an engine that does not say.
     ``model_sampling`` is the model's sampling defaults it reports (``None``: no such attribute, as an engine that
-    does not say); the sampling each request was given is kept in ``samplings``."""
+    does not say); the sampling each request was given is kept in ``samplings``. With ``tail`` (a tail estimate's
+    format, as ``LocksConfig.tail``) each step's record says that the pages not read carried ``tail_shares[i]`` of
+    the estimated mass (2 layers of 3 KV heads)."""
 
     def __init__(self, answer="It is BLUE (p. 2).", max_context=100_000, bins_per_step=None, fail=None,
-                 prefix_block=None, model_sampling=None):
+                 prefix_block=None, model_sampling=None, tail="none", tail_shares=(0.25,)):
         self.tokenizer = WordTokenizer()
         self.max_context = max_context
         self.answer = answer
         self.bins_per_step = bins_per_step or [[0, 1, 2]]
         self.fail = fail
         self.prefix_block = prefix_block
+        self.tail, self.tail_shares = tail, list(tail_shares)
         self.prompts: list[list[int]] = []
         self.aborted = 0
         self.closed = False
@@ -101,6 +104,10 @@ class FakeEngine:
                     raise self.fail
                 bins = self.bins_per_step[i % len(self.bins_per_step)]
                 record = step_record(len(prompt_ids) + i, bins)
+                if self.tail != "none":
+                    share = self.tail_shares[i % len(self.tail_shares)]
+                    record |= {"tail": self.tail, "num_layers": 2, "num_kv_heads": 3,
+                               "row_tail_mass": [share * 6] + [0.0] * 7}
                 done = i == len(words) - 1
                 self.streamed[-1] = i + 1
                 yield Event(word, i + 1, done, "stop" if done else None, 0.5 + 0.01 * i, [record], cached)

@@ -1,4 +1,5 @@
-"""The LOCKS budget and what one decode step read against it: tokens and KV pages per head, document pages."""
+"""The LOCKS budget and what one decode step read against it: tokens and KV pages per head, document pages, and
+with a tail estimate the share of the estimated attention mass that the pages not read carried."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class BudgetPanel(Static):
         self.doc_pages_total = 0
         self.max_context: int | None = None
         self._read = self._total = 0
+        self._tail_shares: list[float] = []
 
     def set_locks(self, locks: LocksConfig, max_context: int | None = None) -> None:
         """Show the configuration the engine runs with (``max_context``: its context in tokens, once known)."""
@@ -32,6 +34,7 @@ class BudgetPanel(Static):
 
     def new_answer(self) -> None:
         self.reading, self._read, self._total = None, 0, 0
+        self._tail_shares = []
         self._show()
 
     def show_step(self, reading: StepReading) -> None:
@@ -39,6 +42,8 @@ class BudgetPanel(Static):
         self.reading = reading
         self._read += reading.pages_read
         self._total += reading.pages_total
+        if reading.tail_mass_share is not None:
+            self._tail_shares.append(reading.tail_mass_share)
         self._show()
 
     def _show(self) -> None:
@@ -46,8 +51,9 @@ class BudgetPanel(Static):
         if cfg.dense:
             lines = ["[b]dense[/]: every KV page read (A/B against LOCKS)"]
         else:
+            tail = f", tail estimate [b]{cfg.tail}[/]" if cfg.tail != "none" else ""
             lines = [f"[b]LOCKS[/] budget [b]{cfg.budget:,}[/] tokens ({cfg.budget_pages} KV pages) per head, "
-                     f"rank [b]{cfg.rank}[/]"]
+                     f"rank [b]{cfg.rank}[/]{tail}"]
         r = self.reading
         if r is None:
             lines.append("no decode step yet")
@@ -57,15 +63,21 @@ class BudgetPanel(Static):
             per_head = r.pages_read / pairs
             # every step reads the last KV page, which holds only seq_len - (kv_pages - 1) * B tokens
             tokens = max(0.0, per_head * page_size - (kv_pages * page_size - r.seq_len))
+            exactly = " exactly" if r.tail_mass_share is not None else ""
             lines.append(
-                f"read [b]{tokens:,.0f}[/] of {r.seq_len:,} tokens per head "
+                f"read{exactly} [b]{tokens:,.0f}[/] of {r.seq_len:,} tokens per head "
                 f"({per_head:,.0f} of {kv_pages:,} KV pages, {r.pages_read / max(1, r.pages_total):.0%})"
             )
             if not cfg.dense and per_head > cfg.budget_pages:
                 # the backend reads every page where summaries of every page plus the budget would cost more
                 lines.append("every page read: fewer bytes than the summaries plus the budget")
+            if r.tail_mass_share is not None:
+                lines.append(f"tail estimate: [b]{r.tail}[/], [b]{r.tail_mass_share:.0%}[/] of the estimated mass")
             lines.append(f"document pages read: [b]{len(r.doc_pages)}[/] of {self.doc_pages_total}")
-            lines.append(f"this answer: {self._read / max(1, self._total):.0%} of KV pages read")
+            answer = f"this answer: {self._read / max(1, self._total):.0%} of KV pages read"
+            if self._tail_shares:
+                answer += f" exactly, the tail {sum(self._tail_shares) / len(self._tail_shares):.0%} of the mass"
+            lines.append(answer)
         if self.max_context:
             used = f"{r.seq_len:,}" if r is not None else "-"
             lines.append(f"context {used} of {self.max_context:,} tokens")
