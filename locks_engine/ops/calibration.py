@@ -118,6 +118,29 @@ def recall_from_scores(scores: Tensor, coarse: Tensor, seq_lens: Tensor, num_kv_
     return torch.stack(out)
 
 
+def pick_from_scores(scores: Tensor, coarse: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: LocksConfig,
+                     threshold: float = CALIBRATION_THRESHOLD, choices: tuple[int, ...] = CALIBRATION_CHOICES) -> int:
+    """``pick_candidates(recall_from_scores(...))`` measuring the ``c`` in ascending order and stopping at the
+    first that passes: the engine's calibration, which most layers end at the smallest ``c`` (one host sync a
+    ``c`` measured).
+
+    Args:
+        scores, coarse, seq_lens, num_kv_heads, cfg: as ``recall_from_scores``. threshold (float): in ``(0, 1]``.
+        choices (tuple): ascending.
+    Returns:
+        int: ``c``, the largest of ``choices`` when none passes.
+    """
+    shares = group_mass_shares(scores, num_kv_heads)
+    forced = forced_page_mask(seq_lens, scores.shape[-1], cfg)
+    flat = selected_shares(shares, select_pages(scores, seq_lens, num_kv_heads, cfg), forced)  # [T, H]
+    for c in choices[:-1]:
+        kept = selected_shares(shares, two_level_from_scores(scores, coarse, seq_lens, num_kv_heads, cfg, c), forced)
+        recall = torch.where(flat > 0, kept / flat.clamp_min(1e-30), torch.ones_like(flat)).clamp(0.0, 1.0)
+        if float(recall.mean(dim=0).amin()) >= threshold:
+            return c
+    return choices[-1]
+
+
 def pick_candidates(recall: Tensor, choices: tuple[int, ...] = CALIBRATION_CHOICES,
                     threshold: float = CALIBRATION_THRESHOLD) -> int:
     """The smallest ``c`` of ``choices`` whose recall, averaged over the queries, reaches ``threshold`` in every

@@ -28,6 +28,7 @@ from locks_engine.stats import StatsRing, run_id
 from locks_engine.vllm_backend import compat, hooks
 from locks_engine.vllm_backend.config_keys import STATS_PATH_KEY, locks_config
 from locks_engine.vllm_backend.cuda import check_summary_format
+from locks_engine.vllm_backend.calibration import CalibrationQueue
 from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.impl import LocksAttentionImpl
 from locks_engine.vllm_backend.metadata import LocksMetadata
@@ -88,6 +89,8 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         self.last_layer_name = layer_names[-1] if layer_names else ""
         self.stats = self._open_stats(extra.get(STATS_PATH_KEY), kv_cache_spec, vllm_config, total, locks,
                                       layer_names)
+        self.calibration = CalibrationQueue() if self.cfg.calibrated else None
+        """The layers' stashed prompt queries (``candidates="auto"``), settled at the start of each step."""
 
     def _open_stats(self, path, spec, vllm_config, total: int, locks: int, layer_names: list[str]
                     ) -> StepStats | DeviceStepStats | None:
@@ -133,6 +136,8 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             width = -(-int(seq_lens_cpu.max()) // self.block_size) if rows else 0
             block_table = cam.block_table_tensor[:rows, :width]
             paged = slice(0, rows)
+        if self.calibration is not None:
+            self.calibration.settle(seq_lens_cpu[: len(query_lens)].tolist(), query_lens)
         ids, slots = self._new_pages(seq_lens_cpu[paged], torch.tensor(query_lens)[paged], block_table[paged])
         if self._no_superpages is None:
             self._no_superpages = torch.zeros(0, SUPERPAGE_PAGES, dtype=torch.long, device=self.device)
@@ -169,6 +174,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
             prefill=prefill,
             stats=self.stats,
             last_layer_name=self.last_layer_name,
+            calibration=self.calibration,
         )
 
     def _new_pages(self, seq_lens: Tensor, query_lens: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:

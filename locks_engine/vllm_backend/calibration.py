@@ -6,20 +6,47 @@ The layer keeps its ``c`` twice: on the host for the CPU path, and on the device
 (``locks_kernels.select_two_level(live=)``): the decode graphs are captured once at the capacity, the largest
 ``c``, and take every calibrated ``c`` without a new capture. The batch shares the layer's ``c``: the latest
 prompt's sets it. Until a prompt longer than the budget has been seen the layer takes the capacity.
+
+Once per prompt, from its last chunk: vLLM prefills a long prompt in chunks, and calibrating at every chunk (each
+over every page so far) cost more than the prefill itself (one H100, Llama-3.1-8B shapes, 128K prompt: prefill 34.0
+s against 11.1 s with a fixed table, ``samples/studies/CALIBRATION.md``). So a prefill chunk only keeps its longest
+row's last queries (:meth:`LayerCalibration.stash`), and the builder settles them at the start of the next step
+(:class:`CalibrationQueue`, eagerly, before a decode graph replays): dropped when that step goes on prefilling the
+same row, calibrated otherwise (the prompt was complete).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from locks_engine.config import LocksConfig
 from locks_engine.ops.calibration import (
-    CALIBRATION_CHOICES, CALIBRATION_THRESHOLD, candidate_recall, pick_candidates, prompt_queries, recall_from_scores,
+    CALIBRATION_CHOICES, CALIBRATION_THRESHOLD, pick_from_scores, prompt_queries,
 )
+from locks_engine.ops.score import score_pages
 from locks_engine.ops.summaries import PageSummaries
-from locks_engine.ops.superpages import superpage_config
+from locks_engine.ops.superpages import superpage_config, superpage_scores
 from locks_engine.vllm_backend.prefill import PrefillRows
+
+
+@dataclass
+class PendingCalibration:
+    """A prefill row's last queries, kept until the builder knows whether the prompt is complete."""
+
+    query: Tensor
+    """`[T, HQ, D]` the row's last ``T`` query tokens (a copy)."""
+    lens: Tensor
+    """`[T]` int32 tokens each query sees."""
+    table: Tensor
+    """`[T, W]` int32 the row's block table, once per query (a copy)."""
+    seq_len: int
+    """Tokens of the row after its chunk: a next chunk of the same prompt starts there."""
+    run: Callable[[PendingCalibration], None]
+    """Calibrates the layer from this."""
 
 
 class LayerCalibration:
@@ -43,10 +70,11 @@ class LayerCalibration:
         """``M``, superpages chosen per step at ``c`` (``ops.superpages.superpage_config``)."""
         return superpage_config(self.cfg, c).budget_pages
 
-    def update(self, query: Tensor, rows: PrefillRows, store: PageSummaries, superpages: Tensor,
-               num_kv_heads: int, block_size: int, scale: float, cuda: bool) -> None:
-        """Calibrate from the longest prefill row's last queries (host syncs: prefill runs eagerly); the batch's
-        other rows share its ``c``. A row of at most ``K`` complete pages (every page read) leaves ``c`` as it is.
+    def stash(self, query: Tensor, rows: PrefillRows, store: PageSummaries, superpages: Tensor,
+              num_kv_heads: int, block_size: int, scale: float, cuda: bool, queue: CalibrationQueue) -> None:
+        """Keep the longest prefill row's last queries for :meth:`calibrate` (host syncs: prefill runs eagerly); the
+        batch's other rows share its ``c``. A row of at most ``K`` complete pages (every page read) leaves ``c`` as
+        it is.
 
         Args:
             query (Tensor): `[T, HQ, D]` the prefill rows' query tokens, in row order.
@@ -54,6 +82,7 @@ class LayerCalibration:
                 written. superpages (Tensor): fp16 `[P, H, D]`, this step's superpages written.
             num_kv_heads (int): H. block_size (int): tokens a block. scale (float): softmax scale.
             cuda (bool): score with the Triton kernels (``colwise8``) instead of the ops.
+            queue (CalibrationQueue): the builder's, which settles the stash at the next step.
         """
         starts = rows.query_start_loc_cpu
         row = max(range(len(rows.seq_lens_cpu)), key=rows.seq_lens_cpu.__getitem__)  # a short prompt says little
@@ -61,17 +90,61 @@ class LayerCalibration:
         if seq_len // self.cfg.page_size <= self.cfg.budget_pages:
             return
         take, lens = prompt_queries(starts[row + 1] - starts[row], seq_len)
-        q = query[starts[row]:starts[row + 1]][take].contiguous()
-        lens = lens.to(q.device)
-        table = rows.block_table[row:row + 1].expand(len(lens), -1).contiguous()
+        q = query[starts[row]:starts[row + 1]][take].clone()
+        # the prompt's own blocks only: the scores and selections below then span its pages, not the engine's
+        # longest context (every step of them costs in proportion)
+        blocks = -(-seq_len // block_size)
+        table = rows.block_table[row:row + 1, :blocks].expand(len(lens), -1).contiguous()
+
+        def run(pending: PendingCalibration) -> None:
+            self.calibrate(pending, store, superpages, num_kv_heads, block_size, scale, cuda)
+
+        queue.put(self, PendingCalibration(q, lens.to(q.device), table, seq_len, run))
+
+    def calibrate(self, pending: PendingCalibration, store: PageSummaries, superpages: Tensor, num_kv_heads: int,
+                  block_size: int, scale: float, cuda: bool) -> None:
+        """Set ``c`` (host) and ``live`` (device) from a complete prompt's last queries (one host sync).
+
+        Args:
+            pending (PendingCalibration): from :meth:`stash`. The others: as :meth:`stash`.
+        """
+        q, lens, table = pending.query, pending.lens, pending.table
         if cuda:
             import locks_kernels as lk
 
             scores = lk.score_pages(q, store.colwise8(), table, lens, self.cfg.page_size, block_size, scale)
             coarse = lk.superpage_scores(q, superpages, table, lens, self.cfg.page_size, block_size, scale)
-            recall = recall_from_scores(scores, coarse, lens, num_kv_heads, self.cfg)
         else:
-            recall = candidate_recall(q, store, superpages, table, lens, num_kv_heads, self.cfg, block_size,
-                                      scale=scale)
-        self.c = pick_candidates(recall, threshold=self.threshold)
+            scores = score_pages(q, store, table, lens, self.cfg.page_size, block_size, scale)
+            coarse = superpage_scores(q, superpages, table, lens, self.cfg.page_size, block_size, scale)
+        self.c = pick_from_scores(scores, coarse, lens, num_kv_heads, self.cfg, self.threshold)
         self.live.fill_(self.slots(self.c))
+
+
+class CalibrationQueue:
+    """The layers' stashed prompt queries of the last step, settled by the builder at the start of the next."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[LayerCalibration, PendingCalibration]] = {}
+        self.calibrated = 0
+        """Layer calibrations run so far (for tests and statistics)."""
+
+    def put(self, layer: LayerCalibration, pending: PendingCalibration) -> None:
+        """Replace ``layer``'s stash."""
+        self.pending[id(layer)] = (layer, pending)
+
+    def settle(self, seq_lens: list[int], query_lens: list[int]) -> None:
+        """At the start of a step: drop the stashes whose row this step goes on prefilling (a row of more than one
+        query token whose cached tokens, ``seq_len - query_len``, are where the stash's chunk ended), calibrate the
+        others (their prompt was complete).
+
+        Args:
+            seq_lens (list[int]): this step's rows' tokens after the step. query_lens (list[int]): their query
+                tokens this step.
+        """
+        going_on = {n - q for n, q in zip(seq_lens, query_lens) if q > 1}
+        pending, self.pending = self.pending, {}
+        for layer, stash in pending.values():
+            if stash.seq_len not in going_on:
+                stash.run(stash)
+                self.calibrated += 1

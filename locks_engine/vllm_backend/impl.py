@@ -140,9 +140,9 @@ class LocksAttentionImpl(AttentionImpl):
         store = self._summaries(path, kv_cache, meta) if meta.cfg.summarized else None
         if meta.prefill is not None:
             path.attend_prefill(meta.prefill, query[nd:end], kv_cache, output[nd:end])
-            if self.calibration is not None:
-                self.calibration.update(query[nd:end], meta.prefill, store, self._superpages, self.num_kv_heads,
-                                        kv_cache.shape[2], self.scale, kv_cache.is_cuda)
+            if self.calibration is not None and meta.calibration is not None:
+                self.calibration.stash(query[nd:end], meta.prefill, store, self._superpages, self.num_kv_heads,
+                                       kv_cache.shape[2], self.scale, kv_cache.is_cuda, meta.calibration)
         layer_name = getattr(layer, "layer_name", meta.last_layer_name)
         selected = every = scanned = tail_share = None
         if nd:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from locks_engine.config import LocksConfig
+from locks_engine.vllm_backend.calibration import CalibrationQueue
 from locks_engine.vllm_backend.device_stats import DeviceStepStats
 from locks_engine.vllm_backend.prefill import PrefillRows
 from locks_engine.vllm_backend.step_stats import StepStats
@@ -44,3 +45,5 @@ class LocksMetadata:
     path, inside CUDA graphs); None when no stats path is set."""
     last_layer_name: str
     """The model's last LOCKS layer (of this group): it flushes ``stats``, and hooks are told."""
+    calibration: CalibrationQueue | None = None
+    """``candidates="auto"``: where prefill rows stash the prompt's last queries (``calibration.py``)."""

@@ -1,6 +1,7 @@
-"""``candidates="auto"`` through the real builder and impl (CPU path): each layer calibrates its ``c`` at the end of
-prefill from the last prefill row's last queries (``locks_engine.ops.calibration``), decodes as a hand-given table
-of that ``c`` would, and a hand-given table wins."""
+"""``candidates="auto"`` through the real builder and impl (CPU path): each layer calibrates its ``c`` once per
+prompt, from the longest prefill row's last queries of its last chunk, at the start of the next step
+(``locks_engine.vllm_backend.calibration``), decodes as a hand-given table of that ``c`` would, and a hand-given
+table wins."""
 
 from __future__ import annotations
 
@@ -45,21 +46,51 @@ def test_auto_calibrates_from_the_prompt_last_queries(threshold, monkeypatch) ->
     assert run.impl.calibration is None  # made with the summary store
     run.prefill_context()
     cal = run.impl.calibration
+    assert cal.c == CALIBRATION_CHOICES[-1], "calibrated at the next step, once the prompt is known complete"
     row = max(range(len(LONG.seq_lens)), key=LONG.seq_lens.__getitem__)  # the longest prompt calibrates
     n = LONG.seq_lens[row] - 1
-    lens = torch.arange(n - 15, n + 1, dtype=torch.int32)
-    table = run.block_table[row:row + 1].expand(16, -1)
-    recall = candidate_recall(run.q[row][n - 16 : n], run.impl._store, run.impl._superpages, table, lens, H, CFG,
-                              BLOCK_SIZE, scale=D**-0.5)
-    expected = pick_candidates(recall, threshold=cal.threshold)
+    expected = _expected_c(run, row, n, cal.threshold)
     if threshold == 0.0:
         assert expected == CALIBRATION_CHOICES[0]  # every c reaches 0: the smallest, not the capacity
+    out = run.scenario_step()
     assert cal.c == expected
     assert int(cal.live) == superpage_config(CFG, expected).budget_pages
-    out = run.scenario_step()
     hand = Run(LONG, replace(CFG, candidates=(expected,)), torch.float32)
     hand.prefill_context()
     assert torch.equal(out, hand.scenario_step())
+
+
+def _expected_c(run: Run, row: int, n: int, threshold: float) -> int:
+    """The ``c`` the rule picks from row ``row``'s queries at positions ``[n - 16, n)`` over its first ``n``
+    tokens."""
+    lens = torch.arange(n - 15, n + 1, dtype=torch.int32)
+    table = run.block_table[row:row + 1].expand(16, -1).cpu()
+    recall = candidate_recall(run.q[row][n - 16 : n], run.impl._store, run.impl._superpages, table, lens, H, CFG,
+                              BLOCK_SIZE, scale=D**-0.5)
+    return pick_candidates(recall, threshold=threshold)
+
+
+def test_a_chunked_prompt_calibrates_once_from_its_last_chunk(monkeypatch) -> None:
+    """A prompt prefilled in chunks: each chunk's stash is dropped when the next step goes on prefilling the same
+    row, and the prompt's last chunk is calibrated once, at the start of the first decode step, from that chunk's
+    last queries."""
+    from locks_engine.vllm_backend.calibration import LayerCalibration
+
+    calls = []
+    calibrate = LayerCalibration.calibrate
+    monkeypatch.setattr(LayerCalibration, "calibrate", lambda self, p, *a: calls.append(p.seq_len) or
+                        calibrate(self, p, *a))
+    run = Run(Batch([2049], [1]), CFG, torch.float32, seed=3)
+    for end, query in ((700, 700), (1400, 700), (2047, 647)):
+        run._run([end], [query])
+    assert calls == [], "every chunk went on: nothing calibrated yet"
+    cal = run.impl.calibration
+    expected = _expected_c(run, 0, 2047, cal.threshold)
+    run._run([2048], [1])
+    assert calls == [2047] and cal.c == expected
+    assert run.builder.calibration.calibrated == 1 and not run.builder.calibration.pending
+    run._run([2049], [1])
+    assert calls == [2047], "decode steps stash nothing"
 
 
 def test_a_prompt_within_the_budget_leaves_c() -> None:
@@ -79,9 +110,9 @@ def test_auto_on_cuda_reads_c_as_data(platform: str, monkeypatch) -> None:
     run = Run(LONG, CFG, torch.float32, device="cuda")
     run.prefill_context()
     cal = run.impl.calibration
+    out = run.scenario_step()
     assert cal.c == CALIBRATION_CHOICES[0] and cal.live.is_cuda
     assert int(cal.live) == superpage_config(CFG, cal.c).budget_pages
-    out = run.scenario_step()
     hand = Run(LONG, replace(CFG, candidates=(cal.c,)), torch.float32, device="cuda")
     hand.prefill_context()
     assert torch.equal(out, hand.scenario_step())

@@ -133,7 +133,8 @@ def two_level(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def auto(model_dir, tmp_path_factory):
-    """As ``two_level`` with ``candidates="auto"``: each layer calibrates its ``c`` at the end of the prefill."""
+    """As ``two_level`` with ``candidates="auto"``: each layer calibrates its ``c`` once the prompt is prefilled
+    (at the start of the first decode step)."""
     path = tmp_path_factory.mktemp("auto") / "stats.bin"
     extra = {"locks": LocksConfig(budget=64, selection="two-level").to_dict(), "locks_stats_path": str(path),
              "locks_hooks": ["tests.support.poison_hook:PoisonUnselected"]}
@@ -199,7 +200,7 @@ def test_auto_candidates_calibrate_below_the_capacity_and_read_only_their_pages(
     for record in decodes:
         long_len, short_len = int(record["row_seq_len"][0]), int(record["row_seq_len"][1])
         flat = 30 * 3 * (long_len // 16 + short_len // 16)
-        # at the capacity (c = 32: 11 superpages, the whole ~2,900-token prompt) every layer would scan about as
+        # at the capacity (c = 64: every superpage of the ~2,900-token prompt) every layer would scan about as
         # much as the flat scan; calibrated, layers take smaller c
         assert 0 < record["summaries_read"] < 0.8 * flat
 

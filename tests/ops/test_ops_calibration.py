@@ -9,7 +9,7 @@ import torch
 from locks_engine import LocksConfig
 from locks_engine.ops import build_cache_summaries, score_pages
 from locks_engine.ops.calibration import (
-    candidate_recall, pick_candidates, prompt_queries, two_level_from_scores,
+    candidate_recall, pick_candidates, pick_from_scores, prompt_queries, recall_from_scores, two_level_from_scores,
 )
 from locks_engine.ops.superpages import (
     allocate_superpages, completed_superpages, select_two_level, superpage_scores, write_superpage_centroids,
@@ -109,3 +109,21 @@ def test_auto_is_a_candidates_setting_whose_layers_take_the_capacity():
     with pytest.raises(ValueError, match='allowed "auto" or a non-empty list'):
         LocksConfig(selection="two-level", candidates="fast")
 
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_the_engine_pick_stops_at_the_first_c_that_passes_and_agrees_with_every_c_measured(seed):
+    """``pick_from_scores`` (ascending, stopping early) picks what measuring every ``c`` then ``pick_candidates``
+    picks, at thresholds that end at different ``c`` (one of them none: the largest)."""
+    sc, q, table, lens = _one_prompt(16 * 16 * 12 + 9, 6, seed=seed)
+    store, sp = _paged(sc)
+    cfg = LocksConfig(budget=16 * 5)
+    choices = (1, 2, 4, 8)
+    scores = score_pages(q, store, table, lens, 16, sc.block_size)
+    coarse = superpage_scores(q, sp, table, lens, 16, sc.block_size)
+    recall = recall_from_scores(scores, coarse, lens, 2, cfg, choices)
+    picked = set()
+    for threshold in (0.0, 0.9, 0.99, 0.999, 1.0 + 1e-6):
+        expected = pick_candidates(recall, choices, threshold)
+        assert pick_from_scores(scores, coarse, lens, 2, cfg, threshold, choices) == expected
+        picked.add(expected)
+    assert len(picked) >= 2
