@@ -6,7 +6,8 @@ greedy decoding with ``ignore_eos``, CUDA graphs and prefix caching on (vLLM's d
 limited to the batch sizes used). Each engine (shape, depth, backend) runs in its own process, one after the
 other, and serves every context of the run:
 
-- prefill: the first request of a prompt (``max_tokens=1``), timed whole (TTFT of a cold prompt);
+- prefill: the first request of a prompt, timed whole: ``max_tokens=2``, the prompt and one decode step (TTFT of a
+  cold prompt and the step after it, where ``candidates="auto"`` calibrates each layer once per prompt);
 - TPOT: the same prompt again, now cached, generating ``n1`` and then ``n2`` tokens; TPOT is the time difference
   over ``n2 - n1`` (per-request costs cancel), repeated ``--reps`` times: median and spread are reported;
 - batch: ``--batch`` sequences of distinct prompts at once, the same two lengths (decode throughput);
@@ -255,7 +256,9 @@ def measure(engine, ctx: int, batch: int, n1: int, n2: int, args, cfg: dict) -> 
         records.extend(stats)
         return elapsed
 
-    t_prefill = generate(1)  # batch 1: TTFT of a cold prompt; batch > 1: prompt 0 is cached, the rest are not
+    # batch 1: a cold prompt and one decode step (a calibrated two-level selection pays its calibration there, not
+    # in the timed generations below); batch > 1: prompt 0 is cached, the rest are not
+    t_prefill = generate(2)
     if batch == 1:
         cell["prefill_s"] = round(t_prefill, 3)
     engine.llm.apply_model(reset_probes)
