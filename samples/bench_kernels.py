@@ -279,6 +279,8 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int],
                 row["two_level"][c]["live_ms"] = ms[f"live{c}"]
         if layer_table:
             row["table"] = table_mean(row, layer_table)
+        if live:
+            row["calibration_ms"] = calibration_ms(timer, s, sp, table, ctx, cfg)
         rows.append(row)
         best = min(dense.values()) if dense else float("nan")
         print(f"{label:18s} dense {best * 1e3:7.1f} us | flat {ms['flat'] * 1e3:7.1f} us "
@@ -287,10 +289,36 @@ def two_level(timer: Timer, cfg: LocksConfig, candidates: list[int],
                   + (f" as data {t['live_ms'] * 1e3:6.1f} us" if live else "") for c, t in row["two_level"].items())
               + (f" | table {row['table']['ms'] * 1e3:6.1f} us ({row['table']['bytes_pct']:.1f}%)"
                  if layer_table else "")
-              + (f" | vLLM FA3 {dense['vllm-fa3'] * 1e3:6.1f} us" if "vllm-fa3" in dense else ""), flush=True)
+              + (f" | vLLM FA3 {dense['vllm-fa3'] * 1e3:6.1f} us" if "vllm-fa3" in dense else "")
+              + (" | calibration {first:.2f} / {every:.2f} ms".format(**row["calibration_ms"]) if live else ""),
+              flush=True)
         del s, steps, sp
         torch.cuda.empty_cache()
     return rows
+
+
+def calibration_ms(timer: Timer, s: Setup, sp: torch.Tensor, table: torch.Tensor, ctx: int, cfg: LocksConfig
+                   ) -> dict[str, float]:
+    """One layer's calibration of ``candidates="auto"`` for a prompt of ``ctx`` tokens, as the engine runs it once
+    per prompt (``locks_engine.vllm_backend.calibration``): its last 16 queries scored over every page by the
+    kernels, then ``pick_from_scores``, eager (host syncs). ``first``: the smallest ``c`` passes (threshold 0);
+    ``every``: none does, every ``c`` is measured (a threshold above 1)."""
+    from locks_engine.ops.calibration import CALIBRATION_QUERIES, pick_from_scores
+
+    n = CALIBRATION_QUERIES
+    q = s.q[:1].expand(n, -1, -1).contiguous()
+    lens = torch.arange(ctx - n + 1, ctx + 1, dtype=torch.int32, device="cuda")
+    rows = table[:1].expand(n, -1).contiguous()
+    h = s.heads
+
+    def run(threshold: float):
+        def calibrate():
+            scores = lk.score_pages(q, s.summaries, rows, lens, cfg.page_size, BLOCK)
+            coarse = lk.superpage_scores(q, sp, rows, lens, cfg.page_size, BLOCK)
+            pick_from_scores(scores, coarse, lens, h, cfg, threshold)
+        return timer(calibrate, graph=False)[0]
+
+    return {"first": run(0.0), "every": run(1.5)}
 
 
 #: flat-selection plans: (name, shape in SHAPES, context tokens), batch 1
