@@ -142,6 +142,8 @@ class CalibrationQueue:
             seq_lens (list[int]): this step's rows' tokens after the step. query_lens (list[int]): their query
                 tokens this step.
         """
+        if not self.pending or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return  # nothing stashed, or a graph being captured (vLLM builds capture batches at start only)
         going_on = {n - q for n, q in zip(seq_lens, query_lens) if q > 1}
         pending, self.pending = self.pending, {}
         for layer, stash in pending.values():
