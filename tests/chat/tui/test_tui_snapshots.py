@@ -44,9 +44,12 @@ def typed(*texts: str):
     async def run_before(pilot) -> None:
         for text in texts:
             await settle(pilot)
-            pilot.app.screen.query_one(PromptInput).value = text
+            prompt = pilot.app.screen.query_one(PromptInput)
+            prompt.value = text
             await pilot.press("enter")
-            await pilot.pause()
+            # the handler empties the prompt, then starts the answer in the same turn: once the prompt is empty,
+            # settling waits for that answer (under load a bare pause could come before the handler ran)
+            await until(pilot, lambda: prompt.value == "", what="the prompt to be sent")
         await settle(pilot)
 
     return run_before
