@@ -12,7 +12,7 @@ from locks_kernels.attention import sparse_paged_attention
 from locks_kernels.score import score_pages
 from locks_kernels.select import every_page, select_pages
 from locks_kernels.summaries import build_completed_page_summaries
-from locks_kernels.superpages import build_completed_superpages, select_two_level
+from locks_kernels.superpages import select_two_level
 
 
 def select_step(
@@ -64,9 +64,7 @@ def select_step(
     """
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     if build and summaries is not None:
-        build_completed_page_summaries(k_cache, block_table, seq_lens, summaries, page_size)
-        if superpages is not None:
-            build_completed_superpages(summaries[0], superpages, block_table, seq_lens, page_size, block_size)
+        build_completed_page_summaries(k_cache, block_table, seq_lens, summaries, page_size, superpages)
     if every:
         return every_page(seq_lens, num_kv_heads, block_table.shape[1] * (block_size // page_size), page_size), None
     if superpages is not None and candidates > 0:

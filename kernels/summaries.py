@@ -18,6 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from locks_kernels.eigh import jacobi_eigh, sort_eigh_desc
+from locks_kernels.superpages import SUPERPAGE_PAGES, _average_superpage
 
 MODE_KEYS, MODE_ALL, MODE_LAST = 0, 1, 2
 
@@ -81,9 +82,9 @@ def _summarize_page(
 @triton.jit
 def _build_summaries_kernel(
     k_ptr, block_table_ptr, seq_lens_ptr, centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr,
-    stride_kb, stride_kt, stride_kh, stride_bt, H,
+    superpages_ptr, stride_kb, stride_kt, stride_kh, stride_bt, H,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, PPB: tl.constexpr, MODE: tl.constexpr,
-    MAX_SWEEPS: tl.constexpr, GATHER: tl.constexpr,
+    MAX_SWEEPS: tl.constexpr, GATHER: tl.constexpr, SUPER: tl.constexpr,
 ):
     # grids: (P, 1, H) pages of a keys tensor; (Pmax, S, H) every page slot; (S, 1, H) one page per sequence
     i_0, i_1, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -106,6 +107,13 @@ def _build_summaries_kernel(
             centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr,
             stride_kt, page * H + i_h, B, D, R, MAX_SWEEPS, GATHER,
         )
+        if SUPER:
+            # decode: the page completed a superpage too; its centroid (just stored) is read back with the
+            # other 15: one launch for both (``superpages.build_completed_superpages`` is the same, alone)
+            if seq_len % (SUPERPAGE_PAGES * B) == 0:
+                tl.debug_barrier()
+                _average_superpage(centroid_ptr, superpages_ptr, block_table_ptr, i_s, i_h, seq_len, stride_bt, H,
+                                   B, D, SUPERPAGE_PAGES, PPB)
 
 
 def _pages_per_block(k_cache: Tensor, page_size: int) -> int:
@@ -116,7 +124,8 @@ def _pages_per_block(k_cache: Tensor, page_size: int) -> int:
 
 
 def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, summaries: tuple[Tensor, ...],
-            page_size: int, mode: int, grid: tuple[int, int, int], ppb: int) -> None:
+            page_size: int, mode: int, grid: tuple[int, int, int], ppb: int, superpages: Tensor | None = None
+            ) -> None:
     centroid, basis, coeffs, basis_scale, coeffs_scale = summaries
     heads, dim = k.shape[2], k.shape[3]
     rank = coeffs.shape[-1]
@@ -126,6 +135,9 @@ def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, summ
     assert all(t.is_contiguous() for t in summaries), "summary tensors must be contiguous"
     assert basis.dtype == torch.int8 and coeffs.dtype == torch.int8, "colwise8 summaries: int8 basis and coeffs"
     assert centroid.shape[1:] == (heads, dim) and coeffs.shape[2:] == (page_size, rank)
+    if superpages is not None:
+        assert mode == MODE_LAST, "superpages are built with the page a decode step completes"
+        assert superpages.shape == centroid.shape and superpages.dtype == torch.float16 and superpages.is_contiguous()
     _build_summaries_kernel[grid](
         k,
         centroid if block_table is None else block_table,
@@ -135,6 +147,7 @@ def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, summ
         coeffs,
         basis_scale,
         coeffs_scale,
+        centroid if superpages is None else superpages,
         k.stride(0),
         k.stride(1),
         k.stride(2),
@@ -149,6 +162,7 @@ def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, summ
         # Jacobi rotations elementwise with gathered partners (``locks_kernels.eigh``): fewer instructions than
         # applying them as matrix products
         GATHER=True,
+        SUPER=superpages is not None,
         num_warps=2,
     )
 
@@ -209,10 +223,13 @@ def build_cache_summaries(k_cache: Tensor, block_table: Tensor, seq_lens: Tensor
 
 
 def build_completed_page_summaries(k_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
-                                   summaries: tuple[Tensor, ...], page_size: int) -> None:
+                                   summaries: tuple[Tensor, ...], page_size: int,
+                                   superpages: Tensor | None = None) -> None:
     """Decode step: summarize the page that this step's token completed, for each sequence where it did
     (``seq_len % B == 0``); other sequences launch a program that exits at once. Fixed grid `[S, 1, H]`:
-    capturable in a CUDA graph.
+    capturable in a CUDA graph. With ``superpages``, a page that completed a superpage (``seq_len % 16 B == 0``)
+    also writes its superpage's centroid, as ``superpages.build_completed_superpages`` would after it (one launch
+    instead of two).
 
     Args:
         k_cache (Tensor): `[num_blocks, block_size, H, D]` holding this step's keys.
@@ -220,10 +237,12 @@ def build_completed_page_summaries(k_cache: Tensor, block_table: Tensor, seq_len
         seq_lens (Tensor): `[S]` int32 tokens, this step's token included.
         summaries (tuple): colwise8 tuple by physical page id, written in place.
         page_size (int): B, tokens a page.
+        superpages (Tensor | None): fp16 `[P, H, D]` superpage centroids (the two-level selection), updated in
+            place.
     Raises:
         ValueError: when ``B`` does not divide the block size.
         AssertionError: on sizes or layouts the kernel does not take.
     """
     ppb = _pages_per_block(k_cache, page_size)
     grid = (block_table.shape[0], 1, k_cache.shape[2])
-    _launch(k_cache, block_table, seq_lens, summaries, page_size, MODE_LAST, grid, ppb)
+    _launch(k_cache, block_table, seq_lens, summaries, page_size, MODE_LAST, grid, ppb, superpages)

@@ -5,7 +5,8 @@ A superpage is :data:`SUPERPAGE_PAGES` logical pages, the score kernel's tile (`
 sits at the physical page id of its last page. Per decode step and layer (all grids fixed, CUDA-graph safe):
 
 1. ``build_completed_superpages``: the sequences whose token completed a superpage (``seq_len % 16 B == 0``)
-   average its 16 page centroids (written by ``build_completed_page_summaries`` just before);
+   average its 16 page centroids (written by ``build_completed_page_summaries`` just before; the decode step
+   has that kernel do both, ``build_completed_page_summaries(superpages=)``: one launch);
 2. ``superpage_scores``: ``scale * q . mu_u`` for every complete superpage, all ``G`` query heads of a group per
    program, ``-inf`` elsewhere;
 3. ``select.select_pages`` over those scores with superpages as pages (forced: the first, the last and the one
@@ -35,19 +36,29 @@ def superpage_slots(budget_pages: int, sink_pages: int, recent_pages: int, candi
 
 
 @triton.jit
+def _average_superpage(centroid_ptr, superpages_ptr, block_table_ptr, i_s, i_h, seq_len, stride_bt, H,
+                       B: tl.constexpr, D: tl.constexpr, SP: tl.constexpr, PPB: tl.constexpr):
+    """Sequence ``i_s`` has just completed a superpage (``seq_len % 16 B == 0``): the mean of its 16 page
+    centroids of KV head ``i_h``, fp16, at its last page's id (also the tail of the page-summary kernel's decode
+    mode, ``summaries.py``)."""
+    o_j = (seq_len // B - SP) + tl.arange(0, SP)  # the superpage's pages, logical
+    block = tl.load(block_table_ptr + i_s * stride_bt + o_j // PPB).to(tl.int64)
+    ph = (block * PPB + o_j % PPB) * H + i_h  # [SP]
+    o_d = tl.arange(0, D)
+    b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :]).to(tl.float32)  # [SP, D]
+    j = seq_len // B - 1  # the superpage's last page
+    last = (tl.load(block_table_ptr + i_s * stride_bt + j // PPB).to(tl.int64) * PPB + j % PPB) * H + i_h
+    tl.store(superpages_ptr + last * D + o_d, (tl.sum(b_mu, axis=0) / SP).to(tl.float16))
+
+
+@triton.jit
 def _build_superpages_kernel(centroid_ptr, superpages_ptr, block_table_ptr, seq_lens_ptr, stride_bt, H,
                              B: tl.constexpr, D: tl.constexpr, SP: tl.constexpr, PPB: tl.constexpr):
     i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + i_s)
     if seq_len > 0 and seq_len % (SP * B) == 0:
-        o_j = (seq_len // B - SP) + tl.arange(0, SP)  # the superpage's pages, logical
-        block = tl.load(block_table_ptr + i_s * stride_bt + o_j // PPB).to(tl.int64)
-        ph = (block * PPB + o_j % PPB) * H + i_h  # [SP]
-        o_d = tl.arange(0, D)
-        b_mu = tl.load(centroid_ptr + ph[:, None] * D + o_d[None, :]).to(tl.float32)  # [SP, D]
-        j = seq_len // B - 1  # the superpage's last page
-        last = (tl.load(block_table_ptr + i_s * stride_bt + j // PPB).to(tl.int64) * PPB + j % PPB) * H + i_h
-        tl.store(superpages_ptr + last * D + o_d, (tl.sum(b_mu, axis=0) / SP).to(tl.float16))
+        _average_superpage(centroid_ptr, superpages_ptr, block_table_ptr, i_s, i_h, seq_len, stride_bt, H, B, D,
+                           SP, PPB)
 
 
 def build_completed_superpages(centroid: Tensor, superpages: Tensor, block_table: Tensor, seq_lens: Tensor,

@@ -178,3 +178,26 @@ def test_listed_selection_in_one_program_is_the_chunked_one(monkeypatch, groups,
     assert torch.equal(looped, chunked)
     if budget_live is None:
         assert torch.equal(looped, select_candidate_pages(ref, pages, sc.seq_lens, 2, cfg))
+
+
+@pytest.mark.parametrize("groups", [1, 7])
+def test_the_page_summary_kernel_builds_the_completed_superpage_too(groups):
+    """``build_completed_page_summaries(superpages=)`` (one launch) writes the summaries and superpage centroids
+    that the page kernel then ``build_completed_superpages`` write: rows completing a superpage, a page only, or
+    nothing this step."""
+    sc, store, _ = _setup([16 * 32, 16 * 20, 16 * 20 + 5, 16 * 16], groups, seed=6)
+    dev = on_device(sc)
+    fresh = lambda: tuple(torch.zeros_like(t) for t in summaries_on_device(store))  # noqa: E731
+    sp_shape = (store.num_pages, 2, sc.k_cache.shape[-1])
+    two, sp_two = fresh(), torch.full(sp_shape, 7.0, dtype=torch.float16, device=DEVICE)
+    one, sp_one = fresh(), sp_two.clone()
+    # the earlier pages of each superpage: summarized as a prefill would have
+    lk.build_cache_summaries(dev.k_cache, dev.block_table, dev.seq_lens - 1, two, 16)
+    lk.build_cache_summaries(dev.k_cache, dev.block_table, dev.seq_lens - 1, one, 16)
+    lk.build_completed_page_summaries(dev.k_cache, dev.block_table, dev.seq_lens, two, 16)
+    lk.build_completed_superpages(two[0], sp_two, dev.block_table, dev.seq_lens, 16, sc.block_size)
+    lk.build_completed_page_summaries(dev.k_cache, dev.block_table, dev.seq_lens, one, 16, superpages=sp_one)
+    for a, b in zip(one, two):
+        assert torch.equal(a.cpu(), b.cpu())
+    assert torch.equal(sp_one.cpu(), sp_two.cpu())
+    assert (sp_one.cpu() != 7.0).any(), "rows 0 and 3 completed a superpage"
