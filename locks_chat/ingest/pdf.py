@@ -8,7 +8,8 @@ so the objects that remain are read. pypdf's log messages are collected into one
 into warnings that name their page and cause (:mod:`.pdf_problems`) instead of being printed. Each page is extracted under a time limit (:mod:`.timelimit`); a page that fails
 or runs past it is skipped with a warning, and so is a page whose object an earlier page already is (a damaged
 or crafted page tree that repeats one page object thousands of times). Pages with images but no text are named in a
-warning ("page 2: no text layer, OCR needed"); a selection with no text at all is refused.
+warning ("page 2: no text layer, OCR needed"); a selection with no text at all is refused. The pages' text is
+extracted in :mod:`.pdf_extract`, their labels and names in messages come from :mod:`.pdf_labels`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from locks_chat.errors import (
     DocumentError, EncryptedError, NoTextError, exception_reason, is_text, shorten_reason)
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.limits import unused_password_warning
-from locks_chat.ingest.normalize import normalize_text, one_line
+from locks_chat.ingest.normalize import one_line
 from locks_chat.ingest.pagerange import describe_pages, parse_page_range
+from locks_chat.ingest.pdf_extract import extract_pages
+from locks_chat.ingest.pdf_labels import page_labels, pages_name
 from locks_chat.ingest.pdf_problems import PdfProblems, pypdf_log, text_without_fonts
 from locks_chat.ingest.progress import ProgressCallback
 from locks_chat.ingest.timelimit import TimeLimitExceeded, call_with_time_limit
@@ -74,9 +77,9 @@ def read_pdf(
     fonts_lost: list[int] = []
     with pypdf_log(problems):
         reader, data, salvaged = _open_limited(data, source, password, open_time_limit)
-        labels = _page_labels(reader, source)
+        labels = page_labels(reader, source)
         selected = parse_page_range(pages, labels)
-        raw_pages, warnings = _extract(
+        raw_pages, warnings = extract_pages(
             reader, lambda: _open(data, source, password), selected, labels, progress, page_time_limit, problems
         )
         title = _title(reader)
@@ -86,12 +89,12 @@ def read_pdf(
             fonts_lost = _fonts_lost(reader, raw_pages)
     if salvaged:
         lost = [page.number - 1 for page in raw_pages if not page.text and page.number - 1 not in fonts_lost]
-        lost_text = f"; {_pages_name(lost, labels)}: no text, possibly lost" if lost else ""
+        lost_text = f"; {pages_name(lost, labels)}: no text, possibly lost" if lost else ""
         if fonts_lost:
-            lost_text += f"; {_pages_name(fonts_lost, labels)}: {FONTS_LOST}"
+            lost_text += f"; {pages_name(fonts_lost, labels)}: {FONTS_LOST}"
         warnings.insert(0, f"truncated or damaged PDF: read the objects that remained{lost_text}")
     else:
-        warnings[:0] = problems.warnings(lambda indices: _pages_name(indices, labels))
+        warnings[:0] = problems.warnings(lambda indices: pages_name(indices, labels))
     if not any(page.text for page in raw_pages):
         raise NoTextError(_no_text_message(source, pages, labels, warnings, salvaged, fonts_lost))
     return build_document(source, "pdf", PageKind.PDF, title or one_line(Path(source).stem), raw_pages, len(labels),
@@ -106,7 +109,7 @@ def check_pdf(data: bytes, source: str, *, password: str | None = None, pages: s
     """
     with pypdf_log(PdfProblems()):
         reader, _, _ = _open_limited(data, source, password, OPEN_TIME_LIMIT_S)
-        parse_page_range(pages, _page_labels(reader, source))
+        parse_page_range(pages, page_labels(reader, source))
 
 
 def _open_limited(data: bytes, source: str, password: str | None, seconds: float | None):
@@ -211,98 +214,6 @@ def _fonts_lost(reader, raw_pages: Sequence[RawPage]) -> list[int]:
     return list(found)
 
 
-def _page_labels(reader, source: str) -> list[str]:
-    count = len(reader.pages)
-    try:
-        # an empty printed label (a /PageLabels range with neither style nor prefix) is cited by its physical number
-        labels = [one_line(str(label)) or str(i + 1) for i, label in enumerate(reader.page_labels)]
-    except Exception:
-        labels = []
-    if len(labels) != count:
-        labels = [str(i + 1) for i in range(count)]
-    if count == 0:
-        raise NoTextError(f"{source}: the PDF has no pages; pass another file")
-    return labels
-
-
-def _extract(
-    reader,
-    reopen: Callable[[], object],
-    selected: Sequence[int],
-    labels: Sequence[str],
-    progress: ProgressCallback | None,
-    page_time_limit: float | None,
-    problems: PdfProblems,
-) -> tuple[list[RawPage], list[str]]:
-    raw_pages: list[RawPage] = []
-    no_layer: list[int] = []
-    skipped: list[str] = []
-    repeated: list[int] = []
-    objects: set[tuple[int, int]] = set()
-    if progress is not None:
-        progress(0, len(selected))
-    for done, index in enumerate(selected, start=1):
-        key = _page_object(reader, index)
-        if key is not None and key in objects:
-            repeated.append(index)
-            text, has_images = "", False
-        else:
-            objects.add(key)
-            with problems.reading(index):
-                reader, text, has_images = _read_page_limited(reader, reopen, index, labels, page_time_limit, skipped)
-        if not text and has_images:
-            no_layer.append(index)
-        raw_pages.append(RawPage(index + 1, labels[index], text))
-        if progress is not None:
-            progress(done, len(selected))
-    warnings = skipped
-    if repeated:
-        warnings.append(f"{_pages_name(repeated, labels)}: the page object of an earlier page again (a damaged page "
-                        "tree), skipped")
-    if no_layer:
-        warnings.append(f"{_pages_name(no_layer, labels)}: no text layer, OCR needed")
-    return raw_pages, warnings
-
-
-def _read_page_limited(reader, reopen, index: int, labels: Sequence[str], page_time_limit: float | None,
-                       skipped: list[str]):
-    """:func:`_read_page` under the time limit: (the reader to go on with, text, has images); a page that fails or
-    runs past the limit is empty, with a line in ``skipped``."""
-    name = _page_name(index, labels)
-    try:
-        return reader, *call_with_time_limit(partial(_read_page, reader, index), page_time_limit)
-    except TimeLimitExceeded:
-        skipped.append(f"{name}: text extraction took over {page_time_limit:g} s, skipped")
-        # an abandoned extraction may still be running on the old reader
-        return reopen(), "", False
-    except Exception as exc:
-        skipped.append(f"{name}: text extraction failed ({exception_reason(exc)}), skipped")
-        return reader, "", False
-
-
-def _page_object(reader, index: int) -> tuple[int, int] | None:
-    """(object number, generation) of a page; ``None`` for a page written inline in its tree. A page tree that
-    lists one page object many times (``/Kids [4 0 R 4 0 R]`` at each of 16 levels: 65,536 pages from 2 KB) has it
-    read once, so reading time follows the file's size."""
-    try:
-        ref = reader.pages[index].indirect_reference
-    except Exception:
-        return None
-    return None if ref is None else (ref.idnum, ref.generation)
-
-
-def _read_page(reader, index: int) -> tuple[str, bool]:
-    """Normalized text of a page, and whether it has images (asked only when it has no text)."""
-    page = reader.pages[index]
-    text = normalize_text(page.extract_text() or "", collapse_spaces=True)
-    if text:
-        return text, False
-    try:
-        return "", len(page.images) > 0
-    except Exception:
-        return "", True
-
-
 def _title(reader) -> str | None:
     try:
         title = reader.metadata.title if reader.metadata else None
@@ -311,31 +222,13 @@ def _title(reader) -> str | None:
     return one_line(str(title)) if title else None
 
 
-def _page_name(index: int, labels: Sequence[str]) -> str:
-    label = labels[index]
-    return f"page {index + 1}" if label == str(index + 1) else f"page {index + 1} (printed {label})"
-
-
-def _pages_name(indices: Sequence[int], labels: Sequence[str]) -> str:
-    """``"page 2"``, or ``"pages 2-5, 9"`` (physical numbers) for several."""
-    if len(indices) == 1:
-        return _page_name(indices[0], labels)
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return "pages " + ", ".join(f"{r[0] + 1}" if len(r) == 1 else f"{r[0] + 1}-{r[-1] + 1}" for r in runs)
-
-
 def _no_text_message(
     source: str, pages: str | None, labels: Sequence[str], warnings: Sequence[str], salvaged: bool,
     fonts_lost: Sequence[int] = (),
 ) -> str:
     where = f"pages {pages!r} of {source}" if pages else source
     if fonts_lost:
-        return (f"{where}: truncated PDF: {_pages_name(fonts_lost, labels)}: {FONTS_LOST}; download or copy it "
+        return (f"{where}: truncated PDF: {pages_name(fonts_lost, labels)}: {FONTS_LOST}; download or copy it "
                 "again")
     if salvaged:
         return f"{where}: truncated or damaged PDF with no text left in what remains; download or copy it again"
