@@ -4,10 +4,10 @@ A cited page of a PDF is a physical page of the file, shown by its printed label
 (``/PageLabels``: "iv" for roman front matter) and kept with its 1-based physical number.
 pypdf reads in non-strict mode, so broken cross-reference tables are rebuilt; a file it
 cannot open (a truncated download has lost its trailer) is retried once with a new trailer
-so the objects that remain are read. pypdf's log messages are collected into one warning
-into warnings that name their page and cause (:mod:`.pdf_problems`) instead of being printed. Each page is extracted under a time limit (:mod:`.timelimit`); a page that fails
-or runs past it is skipped with a warning, and so is a page whose object an earlier page already is (a damaged
-or crafted page tree that repeats one page object thousands of times). Pages with images but no text are named in a
+so the objects that remain are read. pypdf's log messages are collected into warnings that name
+their page and cause (:mod:`.pdf_problems`) instead of being printed. Each page is extracted under a time limit
+(:mod:`.timelimit`); a page that fails or runs past it is skipped with a warning, and so is a page whose object an
+earlier page already is (a damaged or crafted page tree that repeats one page object thousands of times). Pages with images but no text are named in a
 warning ("page 2: no text layer, OCR needed"); a selection with no text at all is refused. The pages' text is
 extracted in :mod:`.pdf_extract`, their labels and names in messages come from :mod:`.pdf_labels`.
 """
@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from locks_chat.errors import (
-    DocumentError, EncryptedError, NoTextError, exception_reason, is_text, shorten_reason)
+from locks_chat.errors import DocumentError, EncryptedError, NoTextError, exception_reason, is_text
 from locks_chat.ingest.document import Document, PageKind, RawPage, build_document
 from locks_chat.ingest.limits import unused_password_warning
 from locks_chat.ingest.normalize import one_line
