@@ -30,6 +30,8 @@ class ReadingPanels(Vertical):
         super().__init__(**kwargs)
         self.generated = 0
         """tokens generated so far in the answer in flight"""
+        self.prompt_tokens = 0
+        """the prompt's tokens of the answer in flight (0 until its first engine tick)"""
 
     def compose(self) -> ComposeResult:
         yield ProgressPanel(id="progress")
@@ -58,15 +60,20 @@ class ReadingPanels(Vertical):
 
     def new_answer(self) -> None:
         """Clear the per-answer panels as a question goes to the engine."""
-        self.generated = 0
+        self.generated = self.prompt_tokens = 0
         self.query_one(PageHeatMap).new_answer()
         self.query_one(BudgetPanel).new_answer()
         self.query_one(LatencyPanel).new_answer()
         self.query_one(MemoryPanel).new_answer()
 
     def show_step(self, reading: StepReading) -> None:
-        """One decode step's reading, drawn at the latest generated token."""
-        self.query_one(PageHeatMap).show_step(reading, self.generated)
+        """One decode step's reading, drawn at the token that step generated: a step over ``seq_len`` tokens of a
+        ``P``-token prompt generates token ``seq_len - P + 1`` (the prefill generates token 1). Several steps can
+        arrive with one engine event under load: each keeps its own token, so stepping back through the answer
+        goes one token at a time. The latest generated token when the prompt's length is not known yet."""
+        token = reading.seq_len - self.prompt_tokens + 1 if self.prompt_tokens else 0
+        self.query_one(PageHeatMap).show_step(reading, token if 1 <= token <= max(self.generated, 1) else
+                                              self.generated)
         self.query_one(BudgetPanel).show_step(reading)
 
     def show_tick(self, tick: EngineTick, max_tokens: int, prefill_rate: float | None) -> None:
@@ -82,5 +89,6 @@ class ReadingPanels(Vertical):
         if tick.generated:
             progress.advance("answer", tick.generated)
         self.generated = tick.generated
+        self.prompt_tokens = tick.prompt_tokens
         self.query_one(LatencyPanel).show_tick(tick)
         self.query_one(MemoryPanel).show_tick(tick)

@@ -22,6 +22,7 @@ from locks_chat.tui.heat import (
 )
 from locks_chat.tui.widgets.page_heatmap import GUTTER, PageHeatMap
 from tests.chat.tui.test_tui_chat import FastEngine, ask
+from tests.support.fakes import Event, FakeEngine
 from tests.support.tui_support import Factory, GatedEngine, until, write_book
 
 SIZE = (120, 40)
@@ -220,3 +221,43 @@ async def test_a_book_with_more_pages_than_columns_bins_pages(tmp_path):
         assert labels[0] == 1 and labels == sorted(labels) and len(labels) > 3
         engine.release(1)
         await until(pilot, lambda: not app.screen.answering, timeout=WAIT, what="the answer")
+
+
+class CoalescingEngine(FakeEngine):
+    """Streams its answer in events of several tokens, each with the records of its steps (as vLLM batches its
+    outputs on a loaded machine): event sizes ``sizes``, then one token an event."""
+
+    def __init__(self, sizes: list[int], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sizes = sizes
+
+    def stream(self, prompt_ids, max_tokens, cancel=None, sampling=None):
+        events = list(super().stream(prompt_ids, max_tokens, cancel, sampling))
+        sizes = self.sizes + [1] * len(events)
+        start = 0
+        for size in sizes:
+            group = events[start : start + size]
+            if not group:
+                return
+            last = group[-1]
+            yield Event("".join(e.text for e in group), last.num_tokens, last.finished, last.finish_reason,
+                        last.elapsed_s, [r for e in group for r in e.stats], last.cached_tokens)
+            start += size
+
+
+@pytest.mark.asyncio
+async def test_steps_that_arrive_together_keep_their_own_tokens(tmp_path):
+    """Three steps in one engine event are tokens 2, 3 and 4, not three times token 4: stepping back from the
+    last token goes one token at a time (each reading's token is its step's sequence length past the prompt)."""
+    engine = CoalescingEngine([1, 3], answer="one two three four five",
+                              bins_per_step=[[7, 8], [30, 31, 45], [12], [20, 21]])
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "Count?")
+        heatmap = app.screen.query_one(PageHeatMap)
+        await until(pilot, lambda: not app.screen.answering, timeout=WAIT, what="the answer")
+        await pilot.pause()
+        assert [token for token, _ in heatmap.history] == [1, 2, 3, 4, 5]
+        for token in (4, 3, 2, 1):
+            await pilot.press("alt+left")
+            assert heatmap.headline().startswith(f"token {token} of 5:")
