@@ -84,7 +84,7 @@ def _build_summaries_kernel(
     k_ptr, block_table_ptr, seq_lens_ptr, centroid_ptr, basis_ptr, coeffs_ptr, basis_scale_ptr, coeffs_scale_ptr,
     superpages_ptr, stride_kb, stride_kt, stride_kh, stride_bt, H,
     B: tl.constexpr, D: tl.constexpr, R: tl.constexpr, PPB: tl.constexpr, MODE: tl.constexpr,
-    MAX_SWEEPS: tl.constexpr, GATHER: tl.constexpr, SUPER: tl.constexpr,
+    MAX_SWEEPS: tl.constexpr, GATHER: tl.constexpr, SUPER: tl.constexpr, SP: tl.constexpr,
 ):
     # grids: (P, 1, H) pages of a keys tensor; (Pmax, S, H) every page slot; (S, 1, H) one page per sequence
     i_0, i_1, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -110,10 +110,10 @@ def _build_summaries_kernel(
         if SUPER:
             # decode: the page completed a superpage too; its centroid (just stored) is read back with the
             # other 15: one launch for both (``superpages.build_completed_superpages`` is the same, alone)
-            if seq_len % (SUPERPAGE_PAGES * B) == 0:
+            if seq_len % (SP * B) == 0:
                 tl.debug_barrier()
                 _average_superpage(centroid_ptr, superpages_ptr, block_table_ptr, i_s, i_h, seq_len, stride_bt, H,
-                                   B, D, SUPERPAGE_PAGES, PPB)
+                                   B, D, SP, PPB)
 
 
 def _pages_per_block(k_cache: Tensor, page_size: int) -> int:
@@ -157,6 +157,7 @@ def _launch(k: Tensor, block_table: Tensor | None, seq_lens: Tensor | None, summ
         D=dim,
         R=rank,
         PPB=ppb,
+        SP=SUPERPAGE_PAGES,
         MODE=mode,
         MAX_SWEEPS=8,
         # Jacobi rotations elementwise with gathered partners (``locks_kernels.eigh``): fewer instructions than
