@@ -199,22 +199,31 @@ def scanned_summaries(pages: Tensor, seq_lens: Tensor, page_size: int, coarse_fr
     return scored + whole * coarse_fraction
 
 
-def two_level_scanned(seq_lens: Tensor, page_size: int, slots: int, coarse_fraction: float) -> Tensor:
+def two_level_scanned(seq_lens: Tensor, page_size: int, slots: int | Tensor, coarse_fraction: float) -> Tensor:
     """``scanned_summaries`` of a two-level layer from the lengths alone (the statistics' count inside CUDA graphs,
     once a step instead of once a layer): superpage selection fills its ``slots`` with complete superpages
     wherever there are enough (all but the incomplete last one, which is forced), so each row scans
     ``16 min(whole, slots')`` pages plus the complete pages of its incomplete superpage, and ``whole`` centroids.
 
     Args:
-        seq_lens (Tensor): `[S]` tokens. page_size (int): B. slots (int): ``M``, superpages chosen per step
-            (``superpage_config(cfg, c).budget_pages``). coarse_fraction (float): as in ``scanned_summaries``.
+        seq_lens (Tensor): `[S]` tokens. page_size (int): B.
+        slots (int | Tensor): ``M``, superpages chosen per step (``superpage_config(cfg, c).budget_pages``), or
+            int `[N]` on the device, one per layer (calibrated layers read theirs as data): the sum over the N layers,
+            in one set of launches whatever N.
+        coarse_fraction (float): as in ``scanned_summaries``.
     Returns:
-        Tensor: fp32 `[]`, equal to ``scanned_summaries`` of the candidates ``select_two_level`` returns.
+        Tensor: fp32 `[]`, equal to ``scanned_summaries`` of the candidates ``select_two_level`` returns (summed
+        over the layers for a tensor ``slots``).
     """
     complete = seq_lens.long() // page_size  # [S]
     whole = complete // SUPERPAGE_PAGES
     tail = complete - whole * SUPERPAGE_PAGES  # complete pages of the incomplete superpage
     # the last superpage (forced) is complete when the sequence ends on a superpage boundary: all slots complete
-    last_complete = seq_lens.long() == whole * SUPERPAGE_PAGES * page_size
-    chosen = torch.minimum(whole, slots - 1 + last_complete.long())
-    return (chosen * SUPERPAGE_PAGES + tail).sum(dtype=torch.float32) + whole.sum(dtype=torch.float32) * coarse_fraction
+    last_complete = (seq_lens.long() == whole * SUPERPAGE_PAGES * page_size).long()
+    layers = 1
+    if isinstance(slots, Tensor):
+        layers = slots.numel()
+        slots = slots.long().view(-1, 1)  # [N, 1] against the rows [S]
+    chosen = torch.minimum(whole, slots - 1 + last_complete)  # [S] or [N, S]
+    per_layer = tail.sum(dtype=torch.float32) + whole.sum(dtype=torch.float32) * coarse_fraction
+    return (chosen * SUPERPAGE_PAGES).sum(dtype=torch.float32) + per_layer * layers

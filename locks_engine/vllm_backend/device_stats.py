@@ -84,8 +84,11 @@ class DeviceStepStats:
         self.collected = 0
         """The newest step appended to the ring."""
         self.two_level: dict[tuple[int, float], int] = {}
-        """Layers of this step that scanned two-level, by ``(slots, coarse_fraction)`` (on the host: for a graph,
-        at capture)."""
+        """Layers of this step that scanned two-level with a fixed ``c``, by ``(slots, coarse_fraction)`` (on the
+        host: for a graph, at capture)."""
+        self.live: dict[float, list[Tensor]] = {}
+        """Calibrated two-level layers of this step, their int32 `[1]` slots on the device by ``coarse_fraction``:
+        counted together, one set of launches a step whatever the number of layers."""
         _live.append(self)
 
     def count(self, layer_name: str, selected: Tensor | None, every: bool | None, seq_lens: Tensor,
@@ -99,7 +102,8 @@ class DeviceStepStats:
             every (bool | None): every page read unscored (no summaries scanned).
             seq_lens (Tensor): `[S]` int32 tokens of the decode rows.
             num_prefill_tokens (Tensor): `[]` int32 tokens of the step's prefill rows.
-            two_level (tuple | None): ``(slots, coarse_fraction)`` of a two-level layer (the summaries it scanned
+            two_level (tuple | None): ``(slots, coarse_fraction)`` of a two-level layer, ``slots`` an int or, for a
+                calibrated layer, its int32 `[1]` on the device (the summaries it scanned
                 are counted from the lengths once a step, ``ops.superpages.two_level_scanned``, not by more launches
                 in every layer's graph); None for a flat scan (every complete page).
             tail_share (Tensor | None): fp32 `[S, H]` share of each KV head's estimated mass that the tail
@@ -115,10 +119,14 @@ class DeviceStepStats:
                 self.tail[layer, :rows].copy_(tail_share.sum(-1))
                 self.tailed = True
             if two_level is not None and not every:
-                self.two_level[two_level] = self.two_level.get(two_level, 0) + 1
+                slots, coarse = two_level
+                if isinstance(slots, Tensor):
+                    self.live.setdefault(coarse, []).append(slots)
+                else:
+                    self.two_level[two_level] = self.two_level.get(two_level, 0) + 1
         if layer == self.num_layers - 1:
             self._close(rows, bool(every), seq_lens, num_prefill_tokens)
-            self.two_level = {}
+            self.two_level, self.live = {}, {}
 
     def _buffer(self, selected: Tensor) -> Tensor:
         """The selection buffer for selections shaped like ``selected`` (allocated anew when the width changes)."""
@@ -149,12 +157,14 @@ class DeviceStepStats:
             record[3] = per_row.sum()
             record[4] = pages.sum() * heads
             if not every:
-                flat = (self.num_layers - sum(self.two_level.values())) * self.kv_heads
-                record[5] = (seq // self.page_size).sum() * flat
-                if self.two_level:
-                    scanned = sum(n * two_level_scanned(seq, self.page_size, slots, coarse)
-                                  for (slots, coarse), n in self.two_level.items())
-                    record[5] += (scanned * self.kv_heads).round().to(torch.int32)
+                two_level = sum(self.two_level.values()) + sum(len(v) for v in self.live.values())
+                record[5] = (seq // self.page_size).sum() * (self.num_layers - two_level) * self.kv_heads
+                if two_level:
+                    scanned = [n * two_level_scanned(seq, self.page_size, slots, coarse)
+                               for (slots, coarse), n in self.two_level.items()]
+                    scanned += [two_level_scanned(seq, self.page_size, torch.cat(live), coarse)
+                                for coarse, live in self.live.items()]
+                    record[5] += (sum(scanned) * self.kv_heads).round().to(torch.int32)
             fields = record[_HEAD:_HEAD + _ROW_FIELDS * self.max_rows].view(_ROW_FIELDS, self.max_rows)
             fields[0, :shown] = seq[:shown]
             fields[1, :shown] = per_row[:shown]

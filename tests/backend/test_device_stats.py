@@ -194,3 +194,31 @@ def test_dense_record_equals_what_the_ring_records_for_every_page(tmp_path, seq_
         assert got[field] == want[field], field
     for field in ("row_seq_len", "row_pages_read", "row_pages_total", "row_hist"):
         np.testing.assert_array_equal(got[field], want[field], err_msg=field)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_calibrated_layers_count_their_scan_as_fixed_layers_do(tmp_path, device):
+    """A calibrated layer hands its superpages chosen as an int32 `[1]` on the device (read as data inside the
+    graph); the step counts those layers together and records what the same slots given as ints record."""
+    gen = torch.Generator().manual_seed(2)
+    seq_lens = [16 * 16 * 20 + 3, 700, 16 * 16 * 4]
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    slots = [3, 8, 3]
+    records = []
+    for live in (False, True):
+        ring = StatsRing.create(tmp_path / f"live{live}.bin", max_pages=400, page_size=PAGE, max_rows=4)
+        dev = DeviceStepStats(ring, 4096, 720, LAYERS, num_kv_heads=2, max_num_seqs=8, device=torch.device(device))
+        for name, n in zip(LAYERS, slots):
+            selected = _selection(gen, seq_lens, 2, 8).to(device)
+            given = torch.tensor([n], dtype=torch.int32, device=device) if live else n
+            dev.count(name, selected, False, lens, torch.tensor(0, dtype=torch.int32, device=device),
+                      two_level=(given, 0.25))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        assert dev.collect() == 1
+        records.append(ring.latest(1)[0])
+    fixed, calibrated = records
+    flat = 3 * 2 * sum(n // PAGE for n in seq_lens)
+    assert 0 < fixed["summaries_read"] < flat
+    assert calibrated["summaries_read"] == fixed["summaries_read"]
+    assert calibrated["bytes_read"] - calibrated["pages_read"] * 4096 == fixed["summaries_read"] * 720

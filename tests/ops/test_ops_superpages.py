@@ -163,3 +163,15 @@ def test_scanned_count_from_the_lengths_equals_the_candidates_count(candidates):
     for row in range(len(lengths)):
         one = sc.seq_lens[row : row + 1]
         assert two_level_scanned(one, 16, slots, 0.25) == scanned_summaries(pages[row : row + 1], one, 16, 0.25), row
+
+
+def test_scanned_count_of_calibrated_layers_is_the_sum_of_each_layers_count():
+    """Slots as data (one per calibrated layer, int32 on the device): one call counts them all, as the sum of the
+    per-layer calls with ints does."""
+    seq_lens = torch.tensor([16 * 300 + 9, 16 * 256, 16 * 48, 5, 16 * 64 + 1, 16 * 16 * 9])
+    slots = [2, 5, 9, 40, 2]
+    want = sum(two_level_scanned(seq_lens, 16, s, 0.25) for s in slots)
+    got = two_level_scanned(seq_lens, 16, torch.tensor(slots, dtype=torch.int32), 0.25)
+    assert got.shape == () and got.dtype == torch.float32
+    torch.testing.assert_close(got, want)
+    assert got > two_level_scanned(seq_lens, 16, torch.tensor([2], dtype=torch.int32), 0.25) * 4
