@@ -55,6 +55,7 @@ def run_mode(args, trials: list[dict], context: int, mode: str, budget_frac: flo
             shares, anys = carrier(records, trial["needle"], cfg.page_size)
             row = {"context": context, "mode": mode, "budget_frac": budget_frac, "budget_tokens": budget,
                    "summary_format": None if mode == "dense" else cfg.summary_format,
+                   "selection": None if mode == "dense" else cfg.selection,
                    **({"candidates": list(cfg.candidates)} if two_level else {}),
                    "depth": trial["depth"], "book": trial["book"], "value": trial["value"], "answer": text,
                    "correct": trial["value"] in text, "carrier_retention": sum(shares) / max(1, len(shares)),
@@ -81,7 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-dense", action="store_true", help="skip the dense reference (measured in another run)")
     ap.add_argument("--candidates", type=parse_candidates, default=None,
                     help="the two-level selection (mode locks-2l) with these c: 'study' (the evaluation model's "
-                    "per-layer table) or comma-separated c; default: the flat scan (mode locks)")
+                    "per-layer table) or comma-separated c; default: the engine's default selection (mode locks; each row "
+                    "names it: two-level calibrated per layer since issue 48, the flat scan before)")
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     ap.add_argument("--out-dir", default="samples/results")
     ap.add_argument("--summarize", action="store_true",
