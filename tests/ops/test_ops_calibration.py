@@ -140,3 +140,13 @@ def test_the_default_selection_is_the_calibrated_two_level_where_it_applies():
     assert LocksConfig(selection="flat").selection == "flat" and not LocksConfig(selection="flat").calibrated
     with pytest.raises(ValueError, match="tail"):
         LocksConfig(selection="two-level", tail="int8")
+
+
+def test_a_c_must_keep_the_mass_for_every_query_not_on_average():
+    """One query of 16 below the threshold at c = 4 (the mean above it) sends the layer to the next c."""
+    recall = torch.ones(3, 16, 2)
+    recall[0, 5, 1] = 0.9  # c = 4: mean over the queries 0.994 in that head, one query at 0.9
+    assert float(recall[0].mean(dim=0).amin()) >= 0.99
+    assert pick_candidates(recall, (4, 8, 16), 0.99) == 8
+    recall[1, :, 0] = 0.98
+    assert pick_candidates(recall, (4, 8, 16), 0.99) == 16
