@@ -55,6 +55,9 @@ ORACLE = "oracle"
 #: the setting suffix of the flat scan plus the tail estimate (``LocksConfig.tail``, the int8 mean values that
 #: ``samples/studies/TAIL_ESTIMATE.md`` chose): the pages not read enter the softmax as their estimated mass
 TAIL = "tail"
+#: the setting suffix of the two-level selection with ``c`` calibrated per layer once per prompt
+#: (``LocksConfig(selection="two-level", candidates="auto")``)
+AUTO = "auto"
 
 
 class RulerError(Exception):
@@ -90,7 +93,8 @@ class Setting:
     (``locks_bench.candidates.parse_candidates``); ``"quest"``, ``"quest2"``, ``"quest4"``: the Quest baseline's
     page bounds in place of LOCKS' summaries (``LocksConfig.summary_format``), the flat scan; ``"oracle"``: the
     exact page log-sum-exp in place of any estimate (``LocksConfig.selection``), the best selector at the budget;
-    ``"tail"``: the flat scan plus the tail estimate of the pages not read (``LocksConfig.tail = "int8"``)."""
+    ``"tail"``: the flat scan plus the tail estimate of the pages not read (``LocksConfig.tail = "int8"``);
+    ``"auto"``: the two-level selection with ``c`` calibrated per layer (``candidates="auto"``)."""
 
     @property
     def name(self) -> str:
@@ -103,8 +107,9 @@ class Setting:
 
     @property
     def candidates(self) -> tuple[int, ...]:
-        """``LocksConfig.candidates`` of a two-level setting (empty for the flat scan, Quest and the oracle)."""
-        if not self.selection or self.selection in QUEST_FORMATS or self.selection in (ORACLE, TAIL):
+        """``LocksConfig.candidates`` of a two-level setting given as a table (empty for the flat scan, Quest, the
+        oracle, the tail and ``auto``)."""
+        if not self.selection or self.selection in QUEST_FORMATS or self.selection in (ORACLE, TAIL, AUTO):
             return ()
         return parse_candidates(self.selection.removeprefix("c="))
 
@@ -113,7 +118,8 @@ def parse_setting(text: str) -> Setting:
     """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``; a LOCKS setting may end in ``:study`` or
     ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``),
     or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget, in ``:oracle`` for the
-    exact-LSE oracle at that budget, or in ``:tail`` for the flat scan plus the tail estimate.
+    exact-LSE oracle at that budget, in ``:tail`` for the flat scan plus the tail estimate, or in ``:auto`` for the
+    two-level selection calibrated per layer.
 
     Raises:
         RulerError: anything else, naming the text and the allowed forms.
@@ -121,13 +127,13 @@ def parse_setting(text: str) -> Setting:
     word = text.strip().lower()
     allowed = ("allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%), optionally followed by "
                ":study or :c=N (two-level selection), :quest, :quest2, :quest4 (the Quest baseline), :oracle "
-               "(the exact-LSE oracle) or :tail (the tail estimate)")
+               "(the exact-LSE oracle), :tail (the tail estimate) or :auto (two-level, c calibrated)")
     if word == "dense":
         return Setting("dense")
     mode, _, rest = word.partition(":")
     value, _, selection = rest.partition(":")
     try:
-        if selection and selection not in QUEST_FORMATS and selection not in (ORACLE, TAIL):
+        if selection and selection not in QUEST_FORMATS and selection not in (ORACLE, TAIL, AUTO):
             Setting("locks", budget=1, selection=selection).candidates  # noqa: B018 (checks the text)
             if selection != "study" and not selection.startswith("c="):
                 raise ValueError(selection)
@@ -170,6 +176,8 @@ def locks_settings(setting: Setting, context: int) -> LocksConfig:
         chosen = {"selection": ORACLE}
     elif setting.selection == TAIL:
         chosen = {"tail": "int8"}
+    elif setting.selection == AUTO:
+        chosen = {"selection": "two-level", "candidates": "auto"}
     elif setting.selection:
         chosen = {"selection": "two-level", "candidates": setting.candidates}
     else:

@@ -434,3 +434,16 @@ def test_an_oracle_setting_is_the_exact_lse_oracle_at_the_same_budget():
     args = ruler.model_args("/m", parse_setting("locks:2048:oracle"), 16384, cuda=True, sizes=ruler.EngineSizes())
     assert args["attention_backend"] == "CUSTOM" and args["additional_config"]["locks"]["selection"] == "oracle"
     check_settings(args["additional_config"])
+
+
+def test_an_auto_setting_is_the_calibrated_two_level_selection_at_the_same_budget():
+    auto = ruler.locks_settings(parse_setting("locks:5%:auto"), 8192)
+    flat = ruler.locks_settings(parse_setting("locks:5%"), 8192)
+    assert auto.selection == "two-level" and auto.calibrated and flat.selection == "flat"
+    assert auto.budget == flat.budget and parse_setting("locks:5%:auto").candidates == ()
+    assert parse_setting("locks:2048:auto").name == "locks:2048:auto"
+    args = ruler.model_args("/m", parse_setting("locks:2048:auto"), 16384, cuda=True, sizes=ruler.EngineSizes())
+    assert args["additional_config"]["locks"]["candidates"] == "auto"
+    check_settings(args["additional_config"])
+    with pytest.raises(RulerError, match=":auto"):
+        parse_setting("locks:5%:autox")
