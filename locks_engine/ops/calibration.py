@@ -32,6 +32,10 @@ CALIBRATION_CHOICES = (4, 8, 16, 32, 64)
 CALIBRATION_THRESHOLD = 0.99
 #: the prompt's last queries the recall is measured on
 CALIBRATION_QUERIES = 16
+#: steps of ``c`` the engine takes above the rule's pick (:func:`with_margin`): the prompt's queries do not see a
+#: decode step copying a value whose page the pick leaves out (RULER 4K at 5%: the pick itself lost one many-key
+#: needle sample of 50 that the flat scan keeps, one step above it none; ``samples/results/2026-12-06_cpu_d840912/``)
+CALIBRATION_MARGIN = 1
 
 
 def selected_shares(shares: Tensor, selected: Tensor, forced: Tensor) -> Tensor:
@@ -160,6 +164,17 @@ def pick_candidates(recall: Tensor, choices: tuple[int, ...] = CALIBRATION_CHOIC
                          "one row per choice, choices ascending")
     worst = recall.float().flatten(1).amin(dim=1)  # [C]
     return next((c for c, r in zip(choices, worst.tolist()) if r >= threshold), choices[-1])
+
+
+def with_margin(c: int, choices: tuple[int, ...] = CALIBRATION_CHOICES, margin: int = CALIBRATION_MARGIN) -> int:
+    """The ``c`` ``margin`` steps above ``c`` in ``choices`` (ascending), the largest at most.
+
+    Raises:
+        ValueError: ``c`` is not one of ``choices``, or ``margin`` is negative.
+    """
+    if c not in choices or margin < 0:
+        raise ValueError(f"with_margin: c={c} among {choices}, margin={margin} >= 0")
+    return choices[min(choices.index(c) + margin, len(choices) - 1)]
 
 
 def prompt_queries(query_len: int, seq_len: int, count: int = CALIBRATION_QUERIES) -> tuple[slice, Tensor]:

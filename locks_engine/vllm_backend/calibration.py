@@ -25,7 +25,7 @@ from torch import Tensor
 
 from locks_engine.config import LocksConfig
 from locks_engine.ops.calibration import (
-    CALIBRATION_CHOICES, CALIBRATION_THRESHOLD, pick_from_scores, prompt_queries,
+    CALIBRATION_CHOICES, CALIBRATION_MARGIN, CALIBRATION_THRESHOLD, pick_from_scores, prompt_queries, with_margin,
 )
 from locks_engine.ops.score import score_pages
 from locks_engine.ops.summaries import PageSummaries
@@ -65,6 +65,8 @@ class LayerCalibration:
         self.capacity = CALIBRATION_CHOICES[-1]
         self.threshold = CALIBRATION_THRESHOLD
         """Least recall a ``c`` must reach (``ops.calibration.pick_candidates``)."""
+        self.margin = CALIBRATION_MARGIN
+        """Steps of ``c`` taken above the rule's pick (``ops.calibration.with_margin``)."""
 
     def slots(self, c: int) -> int:
         """``M``, superpages chosen per step at ``c`` (``ops.superpages.superpage_config``)."""
@@ -117,7 +119,8 @@ class LayerCalibration:
         else:
             scores = score_pages(q, store, table, lens, self.cfg.page_size, block_size, scale)
             coarse = superpage_scores(q, superpages, table, lens, self.cfg.page_size, block_size, scale)
-        self.c = pick_from_scores(scores, coarse, lens, num_kv_heads, self.cfg, self.threshold)
+        picked = pick_from_scores(scores, coarse, lens, num_kv_heads, self.cfg, self.threshold)
+        self.c = with_margin(picked, margin=self.margin)
         self.live.fill_(self.slots(self.c))
 
 

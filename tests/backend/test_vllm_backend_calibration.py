@@ -13,7 +13,9 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not installed (see the README's install command)")
 
 from locks_engine.config import LocksConfig  # noqa: E402
-from locks_engine.ops.calibration import CALIBRATION_CHOICES, candidate_recall, pick_candidates  # noqa: E402
+from locks_engine.ops.calibration import (  # noqa: E402
+    CALIBRATION_CHOICES, candidate_recall, pick_candidates, with_margin,
+)
 from locks_engine.ops.superpages import superpage_config  # noqa: E402
 import tests.backend.test_vllm_backend_scenarios as scenarios  # noqa: E402
 from tests.backend.test_vllm_backend_scenarios import BLOCK_SIZE, D, H, Batch, Run, platform  # noqa: E402,F401
@@ -49,9 +51,11 @@ def test_auto_calibrates_from_the_prompt_last_queries(threshold, monkeypatch) ->
     assert cal.c == CALIBRATION_CHOICES[-1], "calibrated at the next step, once the prompt is known complete"
     row = max(range(len(LONG.seq_lens)), key=LONG.seq_lens.__getitem__)  # the longest prompt calibrates
     n = LONG.seq_lens[row] - 1
-    expected = _expected_c(run, row, n, cal.threshold)
+    picked = _expected_c(run, row, n, cal.threshold)
+    expected = with_margin(picked, margin=cal.margin)  # the engine takes one step above the rule's pick
     if threshold == 0.0:
-        assert expected == CALIBRATION_CHOICES[0]  # every c reaches 0: the smallest, not the capacity
+        assert picked == CALIBRATION_CHOICES[0]  # every c reaches 0: the smallest, not the capacity
+        assert expected == CALIBRATION_CHOICES[1]
     out = run.scenario_step()
     assert cal.c == expected
     assert int(cal.live) == superpage_config(CFG, expected).budget_pages
@@ -85,7 +89,7 @@ def test_a_chunked_prompt_calibrates_once_from_its_last_chunk(monkeypatch) -> No
         run._run([end], [query])
     assert calls == [], "every chunk went on: nothing calibrated yet"
     cal = run.impl.calibration
-    expected = _expected_c(run, 0, 2047, cal.threshold)
+    expected = with_margin(_expected_c(run, 0, 2047, cal.threshold), margin=cal.margin)
     run._run([2048], [1])
     assert calls == [2047] and cal.c == expected
     assert run.builder.calibration.calibrated == 1 and not run.builder.calibration.pending
@@ -111,7 +115,7 @@ def test_auto_on_cuda_reads_c_as_data(platform: str, monkeypatch) -> None:
     run.prefill_context()
     cal = run.impl.calibration
     out = run.scenario_step()
-    assert cal.c == CALIBRATION_CHOICES[0] and cal.live.is_cuda
+    assert cal.c == with_margin(CALIBRATION_CHOICES[0]) and cal.live.is_cuda
     assert int(cal.live) == superpage_config(CFG, cal.c).budget_pages
     hand = Run(LONG, replace(CFG, candidates=(cal.c,)), torch.float32, device="cuda")
     hand.prefill_context()

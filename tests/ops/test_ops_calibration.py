@@ -10,6 +10,7 @@ from locks_engine import LocksConfig
 from locks_engine.ops import build_cache_summaries, score_pages
 from locks_engine.ops.calibration import (
     candidate_recall, pick_candidates, pick_from_scores, prompt_queries, recall_from_scores, two_level_from_scores,
+    with_margin,
 )
 from locks_engine.ops.superpages import (
     allocate_superpages, completed_superpages, select_two_level, superpage_scores, write_superpage_centroids,
@@ -137,3 +138,12 @@ def test_a_c_must_keep_the_mass_for_every_query_not_on_average():
     assert pick_candidates(recall, (4, 8, 16), 0.99) == 8
     recall[1, :, 0] = 0.98
     assert pick_candidates(recall, (4, 8, 16), 0.99) == 16
+
+
+def test_the_engine_takes_c_one_step_above_the_rule_at_most_the_capacity():
+    assert with_margin(4) == 8 and with_margin(32) == 64 and with_margin(64) == 64
+    assert with_margin(4, margin=0) == 4 and with_margin(8, (4, 8, 16), 2) == 16
+    with pytest.raises(ValueError, match="c=5"):
+        with_margin(5)
+    with pytest.raises(ValueError, match="margin=-1"):
+        with_margin(8, margin=-1)

@@ -53,6 +53,7 @@ def handlers():
 
 
 def test_sighup_raises_terminated_in_the_main_thread(handlers):
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a terminal: a run under nohup inherits it ignored
     raise_on_sigterm()
     with pytest.raises(Terminated) as stopped:
         os.kill(os.getpid(), signal.SIGHUP)
