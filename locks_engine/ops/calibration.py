@@ -10,8 +10,8 @@ same flat scores). The *recall* of ``c`` is the estimated mass (group-mean share
 ``select_pages`` ranks pages) on the two-level selection's pages over that on the flat scan's, forced pages left
 out of both (every scan reads them). A layer takes the smallest ``c`` whose recall is at least the threshold for
 every query in every KV head (the least of them, not their mean: a RULER many-key needle at 4K lost 2 of 25 samples
-more than the flat scan with the mean, ``samples/results/2026-12-06_cpu_d840912/``), else the largest ``c``. No keys are read: the rule needs only what
-decode already keeps.
+more than the flat scan with the mean, ``samples/results/2026-12-06_cpu_d840912/``), else the largest ``c``. No
+keys are read: the rule needs only what decode already keeps.
 """
 
 from __future__ import annotations
