@@ -8,8 +8,10 @@ of the flat scan's estimated mass by the two-level candidates at each ``c`` of `
 4, 8, 16, 32), on the prompt's queries and on the decode steps, and the decode steps' true mass over the exact-LSE
 oracle's. Then the tables a rule finds (``locks_engine.ops.calibration.pick_candidates`` at each
 ``--thresholds``, from the prompt's last ``--queries``, among the choices up to each ``--rule-caps``): (a) from
-each run's own prompt, (b) once, from the first context's first run, against the flat scan, uniform ``c`` and
-``--reference`` (a named table of ``locks_bench.candidates``).
+each run's own prompt (each head's mean recall over the queries), (b) once, from the first context's first run,
+(c) each run's own prompt by the engine's rule (each head's least recall over the queries), ``--margins`` steps of
+``c`` above its pick; against the flat scan, uniform ``c`` and ``--reference`` (a named table of
+``locks_bench.candidates``).
 
 Writes ``calibration_<model>.json`` into ``--out-dir/<date>_cpu_<commit>_calibration/``.
 
@@ -31,7 +33,7 @@ from locks_bench.candidates import NAMED
 from locks_bench.capture import CAPTURE_PLACEHOLDERS, load_or_capture
 from locks_bench.results import RESULTS, header, log, run_folder, write_result
 from locks_engine.config import LocksConfig
-from locks_engine.ops.calibration import CALIBRATION_CHOICES
+from locks_engine.ops.calibration import CALIBRATION_CHOICES, CALIBRATION_MARGIN
 from locks_studies import calibration as cal
 from locks_studies.fidelity import DecodeSteps
 
@@ -59,6 +61,8 @@ def parse_args(argv=None):
     ap.add_argument("--rule-caps", type=int, nargs="*", help="the largest c the rule may take, one set of rule "
                     "rows each, among --choices up to it (default: the largest choice)")
     ap.add_argument("--layers", type=int, nargs="*", help="default: every layer")
+    ap.add_argument("--margins", type=int, nargs="*", default=[0, CALIBRATION_MARGIN],
+                    help="steps of c above the pick of rule (c), the engine's (the least query's recall)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     if args.choices != sorted(set(args.choices)) or min(args.choices) < 1:
@@ -126,6 +130,10 @@ def summarize(recs: dict, layers: int, heads: int, args) -> list[dict]:
                         cal.rule_table(per, layers, heads, q, tau, choices, measured), **rule)
                     row(f"(b) once at {first}, {q} queries, {tau}{tail}",
                         cal.rule_table(calib, layers, heads, q, tau, choices, measured), **rule)
+                    for m in args.margins:  # the engine's rule: the least query's recall, m steps of c above
+                        row(f"(c) prompt, least of {q} queries, {tau}, +{m}{tail}",
+                            cal.rule_table(per, layers, heads, q, tau, choices, measured, least=True, margin=m),
+                            **rule, least=True, margin=m)
     return rows
 
 

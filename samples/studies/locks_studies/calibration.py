@@ -18,7 +18,8 @@ import torch
 
 from locks_bench.capture import decode_runs
 from locks_engine.config import LocksConfig
-from locks_engine.ops.calibration import CALIBRATION_CHOICES, pick_candidates, selected_shares, two_level_from_scores
+from locks_engine.ops.calibration import (CALIBRATION_CHOICES, pick_candidates, selected_shares, two_level_from_scores,
+                                          with_margin)
 from locks_engine.ops.score import score_pages
 from locks_engine.ops.select import forced_page_mask, group_mass_shares, select_pages
 from locks_engine.ops.superpages import SUPERPAGE_PAGES, coarse_fraction, superpage_config, superpage_scores
@@ -74,8 +75,8 @@ def measure_head(steps: DecodeSteps, prompt: int, budgets: list[LocksConfig], pr
     ``cache`` is :func:`head_cache` of keys that extend at least as far.
 
     Returns:
-        dict by budget (tokens): ``prompt_recall`` {queries: `[C]`} (the last ``n`` prompt queries' mean recall,
-        for each ``n`` of ``prompt_counts``), ``decode_recall`` `[C]`, ``mass_flat`` and ``mass`` `[C]` (mean over
+        dict by budget (tokens): ``prompt_recall`` and ``prompt_recall_min`` {queries: `[C]`} (the last ``n``
+        prompt queries' mean and least recall, for each ``n`` of ``prompt_counts``), ``decode_recall`` `[C]`, ``mass_flat`` and ``mass`` `[C]` (mean over
         decode steps of the group's true mass over the oracle's), ``mass_flat_min`` and ``mass_min`` `[C]` (worst
         step), ``scanned`` `[C]` (summaries scanned over the flat scan's).
     """
@@ -110,6 +111,7 @@ def measure_head(steps: DecodeSteps, prompt: int, budgets: list[LocksConfig], pr
         recall = torch.stack(recall)  # [C, T]
         out[cfg.budget] = {
             "prompt_recall": {n: recall[:, prompt - n : prompt].mean(1).tolist() for n in prompt_counts},
+            "prompt_recall_min": {n: recall[:, prompt - n : prompt].amin(1).tolist() for n in prompt_counts},
             "decode_recall": recall[:, prompt:].mean(1).tolist(),
             "mass_flat": flat_ratio.mean().item(), "mass_flat_min": flat_ratio.min().item(),
             "mass": [r.mean().item() for r in ratios], "mass_min": [r.min().item() for r in ratios],
@@ -119,10 +121,14 @@ def measure_head(steps: DecodeSteps, prompt: int, budgets: list[LocksConfig], pr
 
 
 def rule_table(recs: dict, layers: int, heads: int, queries: int, threshold: float,
-               choices: tuple[int, ...] = CALIBRATION_CHOICES, measured: tuple[int, ...] | None = None) -> list[int]:
+               choices: tuple[int, ...] = CALIBRATION_CHOICES, measured: tuple[int, ...] | None = None,
+               least: bool = False, margin: int = 0) -> list[int]:
     """The table ``pick_candidates`` finds from the prompt recall of one run and budget: ``recs[(layer, head)]``
     holds ``measure_head``'s entry for that budget, measured at ``measured`` (default ``choices``); the rule
-    chooses among ``choices``, a subset of them (a lower capacity than was measured).
+    chooses among ``choices``, a subset of them (a lower capacity than was measured). ``least``: each head's
+    least recall over the queries (the engine's rule, ``pick_candidates`` over every query), else their mean;
+    ``margin``: that many steps of ``choices`` above the pick (``with_margin``, the engine's
+    ``CALIBRATION_MARGIN``).
 
     Raises:
         ValueError: a choice was not measured.
@@ -133,9 +139,9 @@ def rule_table(recs: dict, layers: int, heads: int, queries: int, threshold: flo
     rows = [measured.index(c) for c in choices]
     out = []
     for layer in range(layers):
-        recall = torch.tensor([[recs[layer, h]["prompt_recall"][queries][i] for i in rows]
-                               for h in range(heads)]).T  # [C, H]
-        out.append(pick_candidates(recall.unsqueeze(1), choices, threshold))
+        key = "prompt_recall_min" if least else "prompt_recall"
+        recall = torch.tensor([[recs[layer, h][key][queries][i] for i in rows] for h in range(heads)]).T  # [C, H]
+        out.append(with_margin(pick_candidates(recall.unsqueeze(1), choices, threshold), choices, margin))
     return out
 
 
