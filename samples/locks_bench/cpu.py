@@ -24,7 +24,8 @@ def parse(description: str = "", argv: list[str] | None = None) -> argparse.Name
     p.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--summary-format", default="", help="LOCKS summary format (default: LocksConfig's)")
-    p.add_argument("--candidates", default="4", help="locks_2l: c of the two-level selection, one or one per layer")
+    p.add_argument("--candidates", default="4", help="locks_2l: c of the two-level selection, one or one per layer, or auto "
+                   "(calibrated per layer)")
     p.add_argument("--dtype", default="auto",
                    help="vLLM dtype: auto (the app's choice: locks_engine.engine.cpu_dtype), bfloat16, float32")
     p.add_argument("--n1", type=int, default=16)
