@@ -441,7 +441,7 @@ def test_an_oracle_setting_is_the_exact_lse_oracle_at_the_same_budget():
 
 def test_an_auto_setting_is_the_calibrated_two_level_selection_at_the_same_budget():
     auto = ruler.locks_settings(parse_setting("locks:5%:auto"), 8192)
-    flat = ruler.locks_settings(parse_setting("locks:5%"), 8192)
+    flat = ruler.locks_settings(parse_setting("locks:5%:flat"), 8192)
     assert auto.selection == "two-level" and auto.calibrated and flat.selection == "flat"
     assert auto.budget == flat.budget and parse_setting("locks:5%:auto").candidates == ()
     assert parse_setting("locks:2048:auto").name == "locks:2048:auto"
