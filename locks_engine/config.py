@@ -47,10 +47,13 @@ class LocksConfig:
     or of each of its 2 or 4 equal chunks, scored by Quest's upper bound; the flat selection only, CPU path only."""
     dense: bool = False
     """A/B switch: read every page (dense attention) instead of selecting."""
-    selection: str = "flat"
+    selection: str | None = None
     """``flat``: score every complete page's summary at every step. ``two-level``: score one fp16 centroid per
     superpage of 16 pages first, then the page summaries of the chosen superpages only (``ops/superpages.py``;
-    ``samples/studies/SELECTION_COST.md``). ``oracle``: not LOCKS but the best selector at the same budget, for
+    ``samples/studies/SELECTION_COST.md``). None (the default): ``two-level`` with ``candidates="auto"`` where it
+    applies (a LOCKS summary format, no ``tail``, not ``dense``), else ``flat``; resolved when the config is built
+    (the calibrated two-level selection keeps the flat scan's mass and decodes faster: ``samples/studies/
+    CALIBRATION.md``, ``samples/BENCHMARKS.md``). ``oracle``: not LOCKS but the best selector at the same budget, for
     comparisons: every complete page ranked by its exact log attention mass ``logsumexp_i(q . k_i / sqrt(D))``,
     read from all its keys (``ops.baselines.oracle_scores``), then the same group-shared top-K, forced pages and
     sparse attention; no summaries are kept; eager on CUDA (no CUDA graphs), for accuracy, not speed."""
@@ -89,6 +92,9 @@ class LocksConfig:
                 f"LocksConfig.summary_format={self.summary_format!r} splits a page into "
                 f"{quest_chunks(self.summary_format)} chunks: page_size={self.page_size} must be a multiple of it"
             )
+        if self.selection is None:
+            flat = self.summary_format in QUEST_FORMATS or self.tail != "none" or self.dense
+            object.__setattr__(self, "selection", "flat" if flat else "two-level")
         if self.selection not in SELECTIONS:
             raise ValueError(f"LocksConfig.selection={self.selection!r}: allowed {', '.join(SELECTIONS)}")
         if self.selection != "flat" and self.summary_format in QUEST_FORMATS:

@@ -58,6 +58,9 @@ TAIL = "tail"
 #: the setting suffix of the two-level selection with ``c`` calibrated per layer once per prompt
 #: (``LocksConfig(selection="two-level", candidates="auto")``)
 AUTO = "auto"
+#: the setting suffix of the flat scan (every page's summary scored each step); a setting with no suffix takes the
+#: engine's default selection (``LocksConfig.selection`` None: the two-level selection calibrated per layer)
+FLAT = "flat"
 
 
 class RulerError(Exception):
@@ -89,7 +92,8 @@ class Setting:
     percent: float | None = None
     """LOCKS' budget as a percentage of the context (0 < percent <= 100), when given so."""
     selection: str = ""
-    """``""``: the flat scan; ``"study"`` or ``"c=N,..."``: the two-level selection with that ``candidates``
+    """``""``: the engine's default (the two-level selection, ``c`` calibrated per layer); ``"flat"``: the flat
+    scan; ``"study"`` or ``"c=N,..."``: the two-level selection with that ``candidates``
     (``locks_bench.candidates.parse_candidates``); ``"quest"``, ``"quest2"``, ``"quest4"``: the Quest baseline's
     page bounds in place of LOCKS' summaries (``LocksConfig.summary_format``), the flat scan; ``"oracle"``: the
     exact page log-sum-exp in place of any estimate (``LocksConfig.selection``), the best selector at the budget;
@@ -99,7 +103,7 @@ class Setting:
     @property
     def name(self) -> str:
         """The setting as written on the command line: ``dense``, ``locks:2048``, ``locks:5%``,
-        ``locks:5%:study``, ``locks:5%:c=4``, ``locks:2048:oracle``, ``locks:2048:tail``."""
+        ``locks:2048:flat``, ``locks:5%:study``, ``locks:5%:c=4``, ``locks:2048:oracle``, ``locks:2048:tail``."""
         if self.mode == "dense":
             return "dense"
         name = f"locks:{self.budget}" if self.budget is not None else f"locks:{self.percent:g}%"
@@ -107,16 +111,17 @@ class Setting:
 
     @property
     def candidates(self) -> tuple[int, ...]:
-        """``LocksConfig.candidates`` of a two-level setting given as a table (empty for the flat scan, Quest, the
-        oracle, the tail and ``auto``)."""
-        if not self.selection or self.selection in QUEST_FORMATS or self.selection in (ORACLE, TAIL, AUTO):
+        """``LocksConfig.candidates`` of a two-level setting given by hand (empty for the default, the flat scan,
+        Quest, the oracle, the tail and ``auto``)."""
+        if not self.selection or self.selection in QUEST_FORMATS or self.selection in (ORACLE, TAIL, AUTO, FLAT):
             return ()
         return parse_candidates(self.selection.removeprefix("c="))
 
 
 def parse_setting(text: str) -> Setting:
     """``dense``, ``locks:TOKENS`` or ``locks:PERCENT%`` -> ``Setting``; a LOCKS setting may end in ``:study`` or
-    ``:c=N[,N...]`` for the two-level selection (the study's per-layer table of the evaluation model, or ``c``),
+    ``:c=N[,N...]`` for the two-level selection with a table given by hand (the study's per-layer table of the
+    evaluation model, or ``c``), in ``:flat`` for the flat scan (no suffix: the engine's default selection),
     or in ``:quest``, ``:quest2`` or ``:quest4`` for the Quest baseline at that budget, in ``:oracle`` for the
     exact-LSE oracle at that budget, in ``:tail`` for the flat scan plus the tail estimate, or in ``:auto`` for the
     two-level selection calibrated per layer.
@@ -126,14 +131,15 @@ def parse_setting(text: str) -> Setting:
     """
     word = text.strip().lower()
     allowed = ("allowed dense, locks:TOKENS (locks:2048) or locks:PERCENT% (locks:5%), optionally followed by "
-               ":study or :c=N (two-level selection), :quest, :quest2, :quest4 (the Quest baseline), :oracle "
-               "(the exact-LSE oracle), :tail (the tail estimate) or :auto (two-level, c calibrated)")
+               ":flat (the flat scan), :auto (two-level, c calibrated), :study or :c=N (two-level, c by hand), "
+               ":quest, :quest2, :quest4 (the Quest baseline), :oracle (the exact-LSE oracle) or :tail (the tail "
+               "estimate)")
     if word == "dense":
         return Setting("dense")
     mode, _, rest = word.partition(":")
     value, _, selection = rest.partition(":")
     try:
-        if selection and selection not in QUEST_FORMATS and selection not in (ORACLE, TAIL, AUTO):
+        if selection and selection not in QUEST_FORMATS and selection not in (ORACLE, TAIL, AUTO, FLAT):
             Setting("locks", budget=1, selection=selection).candidates  # noqa: B018 (checks the text)
             if selection != "study" and not selection.startswith("c="):
                 raise ValueError(selection)
@@ -178,6 +184,8 @@ def locks_settings(setting: Setting, context: int) -> LocksConfig:
         chosen = {"tail": "int8"}
     elif setting.selection == AUTO:
         chosen = {"selection": "two-level", "candidates": "auto"}
+    elif setting.selection == FLAT:
+        chosen = {"selection": "flat"}
     elif setting.selection:
         chosen = {"selection": "two-level", "candidates": setting.candidates}
     else:

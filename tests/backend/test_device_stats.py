@@ -166,11 +166,12 @@ def test_summary_fraction_only_for_locks_with_summaries():
 
     want = summary_fraction(LocksConfig(), 128, torch.bfloat16)
     assert 0.17 < want < 0.2
-    assert locks_summary_fraction(config("CUSTOM", {})) == pytest.approx(want)
+    assert locks_summary_fraction(config("CUSTOM", {"selection": "flat"})) == pytest.approx(want)
     assert locks_summary_fraction(config("FLASH_ATTN", {})) == 0.0
     assert locks_summary_fraction(config("CUSTOM", {"dense": True})) == 0.0
     two = locks_summary_fraction(config("CUSTOM", {"selection": "two-level"}))
     assert two == pytest.approx(want + 1 / 32)  # + the superpage centroids: 2 D of 4 B D bytes
+    assert locks_summary_fraction(config("CUSTOM", {})) == pytest.approx(two)  # the default
     with pytest.raises(ValueError, match="budget"):
         locks_summary_fraction(config("CUSTOM", {"budget": -1}))
 

@@ -88,6 +88,6 @@ def test_a_per_layer_table_must_fit_the_model() -> None:
     check_candidates(table, 3)
     check_candidates(table, 0)  # no model loaded: nothing to check
     check_candidates(LocksConfig(selection="two-level", candidates=(4,)), 30)
-    check_candidates(LocksConfig(candidates=(4, 0)), 30)  # flat: the table is not used
+    check_candidates(LocksConfig(selection="flat", candidates=(4, 0)), 30)  # flat: the table is not used
     with pytest.raises(ValueError, match="3 entries for a model of 30 attention layers"):
         check_candidates(table, 30)

@@ -400,7 +400,10 @@ def test_two_level_settings_parse_and_build_their_config():
     assert cfg.selection == "two-level" and cfg.candidates == STUDY_CANDIDATES and cfg.budget == 102 * 16
     uniform = parse_setting("locks:2048:c=4")
     assert uniform.name == "locks:2048:c=4" and ruler.locks_settings(uniform, 8192).candidates == (4,)
-    assert ruler.locks_settings(parse_setting("locks:5%"), 8192).selection == "flat"
+    assert ruler.locks_settings(parse_setting("locks:5%:flat"), 8192).selection == "flat"
+    default = ruler.locks_settings(parse_setting("locks:5%"), 8192)  # the engine's: calibrated two-level
+    assert default.selection == "two-level" and default.calibrated
+    assert parse_setting("locks:5%:flat").name == "locks:5%:flat" and parse_setting("locks:5%:flat").candidates == ()
     for bad in ("locks:5%:tree", "locks:5%:c=", "locks:5%:c=-1", "dense:study"):
         with pytest.raises(RulerError, match="two-level"):
             parse_setting(bad)
@@ -417,7 +420,7 @@ def test_a_quest_setting_is_the_flat_scan_over_quest_bounds_at_the_same_budget()
 def test_a_tail_setting_is_the_flat_scan_plus_the_int8_tail_at_the_same_budget():
     tail = ruler.locks_settings(parse_setting("locks:2048:tail"), 16384)
     locks = ruler.locks_settings(parse_setting("locks:2048"), 16384)
-    assert (tail.tail, locks.tail) == ("int8", "none") and tail.selection == locks.selection == "flat"
+    assert (tail.tail, locks.tail) == ("int8", "none") and tail.selection == "flat"
     assert tail.budget == locks.budget == 2048 and parse_setting("locks:2048:tail").candidates == ()
     args = ruler.model_args("/m", parse_setting("locks:2048:tail"), 16384, cuda=True, sizes=ruler.EngineSizes())
     assert args["additional_config"]["locks"]["tail"] == "int8"
@@ -426,7 +429,7 @@ def test_a_tail_setting_is_the_flat_scan_plus_the_int8_tail_at_the_same_budget()
 
 def test_an_oracle_setting_is_the_exact_lse_oracle_at_the_same_budget():
     oracle = ruler.locks_settings(parse_setting("locks:5%:oracle"), 8192)
-    locks = ruler.locks_settings(parse_setting("locks:5%"), 8192)
+    locks = ruler.locks_settings(parse_setting("locks:5%:flat"), 8192)
     assert oracle.selection == "oracle" and locks.selection == "flat"
     assert oracle.budget == locks.budget == 26 * 16
     assert oracle.summary_format == locks.summary_format and oracle.sink_pages == locks.sink_pages
@@ -438,7 +441,7 @@ def test_an_oracle_setting_is_the_exact_lse_oracle_at_the_same_budget():
 
 def test_an_auto_setting_is_the_calibrated_two_level_selection_at_the_same_budget():
     auto = ruler.locks_settings(parse_setting("locks:5%:auto"), 8192)
-    flat = ruler.locks_settings(parse_setting("locks:5%"), 8192)
+    flat = ruler.locks_settings(parse_setting("locks:5%:flat"), 8192)
     assert auto.selection == "two-level" and auto.calibrated and flat.selection == "flat"
     assert auto.budget == flat.budget and parse_setting("locks:5%:auto").candidates == ()
     assert parse_setting("locks:2048:auto").name == "locks:2048:auto"

@@ -105,7 +105,7 @@ def test_prompt_queries_are_the_row_last_tokens():
 def test_auto_is_a_candidates_setting_whose_layers_take_the_capacity():
     cfg = LocksConfig.from_dict({"selection": "two-level", "candidates": "auto"})
     assert cfg.calibrated and hash(cfg) and cfg.layer_candidates(7) == 64 and cfg.layer_candidates(None) == 64
-    assert LocksConfig().candidates == "auto" and not LocksConfig().calibrated  # flat: nothing to calibrate
+    assert LocksConfig(selection="flat").candidates == "auto" and not LocksConfig(selection="flat").calibrated
     assert not LocksConfig(selection="two-level", candidates=(4,)).calibrated
     with pytest.raises(ValueError, match='allowed "auto" or a non-empty list'):
         LocksConfig(selection="two-level", candidates="fast")
@@ -128,6 +128,19 @@ def test_the_engine_pick_stops_at_the_first_c_that_passes_and_agrees_with_every_
         assert pick_from_scores(scores, coarse, lens, 2, cfg, threshold, choices) == expected
         picked.add(expected)
     assert len(picked) >= 2
+
+
+def test_the_default_selection_is_the_calibrated_two_level_where_it_applies():
+    """No selection given: the two-level selection calibrated per layer, except where it cannot apply (Quest's
+    formats have no centroids; the tail estimate needs every page's log mass), which take the flat scan; a
+    selection given by hand is kept and validated as before."""
+    assert LocksConfig().selection == "two-level" and LocksConfig().calibrated
+    assert LocksConfig.from_dict({}).selection == "two-level"
+    assert LocksConfig(summary_format="quest").selection == "flat"
+    assert LocksConfig(tail="int8").selection == "flat"
+    assert LocksConfig(selection="flat").selection == "flat" and not LocksConfig(selection="flat").calibrated
+    with pytest.raises(ValueError, match="tail"):
+        LocksConfig(selection="two-level", tail="int8")
 
 
 def test_a_c_must_keep_the_mass_for_every_query_not_on_average():

@@ -144,7 +144,7 @@ def test_config_takes_two_level_settings_and_rejects_bad_ones():
     with pytest.raises(ValueError, match="none for layer 3"):
         cfg.layer_candidates(3)
     assert LocksConfig(selection="two-level", candidates=(5,)).layer_candidates(None) == 5
-    assert LocksConfig(candidates=(5,)).layer_candidates(2) == 0  # flat
+    assert LocksConfig(selection="flat", candidates=(5,)).layer_candidates(2) == 0
     for bad in ({"selection": "tree"}, {"candidates": []}, {"candidates": [-1]}, {"candidates": [1.5]},
                 {"candidates": 4}):
         with pytest.raises(ValueError, match="LocksConfig"):
