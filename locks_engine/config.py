@@ -52,8 +52,8 @@ class LocksConfig:
     superpage of 16 pages first, then the page summaries of the chosen superpages only (``ops/superpages.py``;
     ``samples/studies/SELECTION_COST.md``). None (the default): ``two-level`` with ``candidates="auto"`` where it
     applies (a LOCKS summary format, no ``tail``, not ``dense``), else ``flat``; resolved when the config is built
-    (the calibrated two-level selection keeps the flat scan's mass and decodes faster: ``samples/studies/
-    CALIBRATION.md``, ``samples/BENCHMARKS.md``). ``oracle``: not LOCKS but the best selector at the same budget, for
+    (the calibrated two-level selection keeps the flat scan's mass and RULER answers at 4K-32K, and scans fewer
+    summaries from 128K: ``samples/studies/CALIBRATION.md``, ``samples/results/RULER.md``). ``oracle``: not LOCKS but the best selector at the same budget, for
     comparisons: every complete page ranked by its exact log attention mass ``logsumexp_i(q . k_i / sqrt(D))``,
     read from all its keys (``ops.baselines.oracle_scores``), then the same group-shared top-K, forced pages and
     sparse attention; no summaries are kept; eager on CUDA (no CUDA graphs), for accuracy, not speed."""
