@@ -74,22 +74,31 @@ def _tail_split_kernel(
 @triton.jit
 def _tail_merge_kernel(
     o_part_ptr, lse_part_ptr, x_out_ptr, x_lse_ptr, out_ptr, lse_ptr, stride_xs, stride_xh, stride_os, stride_oh,
-    HQ, NSPLIT, D: tl.constexpr, NP: tl.constexpr, EXACT: tl.constexpr,
+    HQ, NSPLIT, D: tl.constexpr, NC: tl.constexpr, EXACT: tl.constexpr,
 ):
+    # the tail has up to Pmax / PPS splits (hundreds at 1M tokens): two passes over chunks of NC of them
     i_hq, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    o_n = tl.arange(0, NP)
+    o_n = tl.arange(0, NC)
     o_d = tl.arange(0, D)
-    row = (i_s * HQ + i_hq) * NSPLIT + o_n
-    b_lse = tl.load(lse_part_ptr + row, mask=o_n < NSPLIT, other=float("-inf"))  # [NP], base 2
-    top = tl.max(b_lse, axis=0)
+    p_lse = lse_part_ptr + (i_s * HQ + i_hq) * NSPLIT  # base 2
+    p_o = o_part_ptr + (i_s * HQ + i_hq) * NSPLIT * D
+    b_top = tl.full([NC], float("-inf"), dtype=tl.float32)
+    for n0 in range(0, NSPLIT, NC):
+        b_top = tl.maximum(b_top, tl.load(p_lse + n0 + o_n, mask=n0 + o_n < NSPLIT, other=float("-inf")))
+    top = tl.max(b_top, axis=0)
     if EXACT:
         x_lse = tl.load(x_lse_ptr + i_s * HQ + i_hq) * 1.4426950408889634  # natural log -> base 2
         top = tl.maximum(top, x_lse)
     top = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.exp2(b_lse - top)
-    b_o = tl.load(o_part_ptr + row[:, None] * D + o_d[None, :], mask=(o_n < NSPLIT)[:, None], other=0.0)
-    total = tl.sum(w, axis=0)
-    b_out = tl.sum(b_o * w[:, None], axis=0)
+    b_w = tl.zeros([NC], dtype=tl.float32)
+    b_out = tl.zeros([D], dtype=tl.float32)
+    for n0 in range(0, NSPLIT, NC):
+        m_n = n0 + o_n < NSPLIT
+        w = tl.exp2(tl.load(p_lse + n0 + o_n, mask=m_n, other=float("-inf")) - top)
+        b_o = tl.load(p_o + (n0 + o_n)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)  # [NC, D]
+        b_w += w
+        b_out += tl.sum(b_o * w[:, None], axis=0)
+    total = tl.sum(b_w, axis=0)
     if EXACT:
         w_x = tl.exp2(x_lse - top)
         b_x = tl.load(x_out_ptr + i_s * stride_xs + i_hq * stride_xh + o_d).to(tl.float32)
@@ -179,7 +188,7 @@ def _merge(o_part: Tensor, lse_part: Tensor, exact: tuple[Tensor, Tensor] | None
         num_q_heads,
         nsplit,
         D=dim,
-        NP=max(2, triton.next_power_of_2(nsplit)),
+        NC=min(32, max(2, triton.next_power_of_2(nsplit))),
         EXACT=exact is not None,
         num_warps=4,
     )

@@ -143,6 +143,18 @@ def test_tail_split_matches_ops(fmt, groups, split):
         _check(f"{fmt} {sel.dtype}", ref, out, 1e-5)
 
 
+def test_more_splits_than_one_merge_chunk():
+    """41 splits of 16 pages: the merge walks its 32-split chunks twice."""
+    sc, scores, selected = _case(4, seed=5, lengths=[16 * 16 * 40 + 5, 100], holes=False)
+    dev = on_device(sc)
+    store = _store(dev, "int8", poison=False)
+    lk.build_cache_value_means(dev.v_cache, dev.block_table, dev.seq_lens, store, sc.page_size)
+    means = stored_row_value_means(*(t.cpu() for t in store), sc.block_table, 2)
+    out = lk.tail_split(scores.to(DEVICE), selected.to(DEVICE), dev.seq_lens, dev.block_table, store, sc.page_size,
+                        sc.block_size, tile_pages=16, pages_per_split=16)
+    _check("41 splits", _reference_split(sc, scores, selected, means), out, 1e-5)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("groups", [1, 4], ids=lambda g: f"gqa{g}")
 def test_tail_paged_attention_matches_ops(fmt, groups):
