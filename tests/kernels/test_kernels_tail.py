@@ -218,6 +218,9 @@ def test_tail_step_replays_equal_eager(fmt):
     lengths = dev.seq_lens.clone()
     store = _store(dev, fmt, poison=False)
     lk.build_cache_value_means(dev.v_cache, dev.block_table, dev.seq_lens - 1, store, sc.page_size)
+    before = [t.clone() for t in store if t is not None]
+    full = _store(dev, fmt, poison=False)  # every complete page at this step's lengths
+    lk.build_cache_value_means(dev.v_cache, dev.block_table, dev.seq_lens, full, sc.page_size)
 
     def step():
         lk.build_completed_value_means(dev.v_cache, dev.block_table, dev.seq_lens, store, sc.page_size)
@@ -229,11 +232,15 @@ def test_tail_step_replays_equal_eager(fmt):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, lse = step()
+    for tensor, saved in zip((t for t in store if t is not None), before):
+        tensor.copy_(saved)  # the completed pages unwritten again: the replay must write them
     for trial in range(3):
         dev.q.copy_(torch.randn_like(dev.q))  # new inputs, same addresses
         scores.copy_(torch.randn_like(scores))
         dev.seq_lens.copy_(lengths + trial)
         graph.replay()
+        if trial == 0:
+            assert all(torch.equal(a, b) for a, b in zip(store, full) if a is not None), "replay built the pages"
         eager_out, eager_lse = step()
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"trial {trial}: replay != eager"
         means = stored_row_value_means(*(t.cpu() if t is not None else None for t in store), sc.block_table, 4)
