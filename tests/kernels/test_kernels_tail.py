@@ -1,7 +1,7 @@
 """Triton tail estimate against its ops twins (``locks_engine.ops.tail``): the value-mean store (int8 and bf16, every
-complete page of a prompt and the page a decode step completes), the tail split (GQA groups, partial last pages,
-rows whose every page is read, ``-inf`` scores, several splits and tiles, int32 and int64 selections), the whole
-``tail_paged_attention``, and its CUDA-graph replay."""
+complete page of a prompt and the page a decode step completes, vLLM's packed K|V cache), the tail split (GQA
+groups, partial last pages, rows whose every page is read, ``-inf`` scores, several splits and tiles, int32 and int64
+selections), the whole ``tail_paged_attention``, and its CUDA-graph replay."""
 
 import pytest
 import torch
@@ -79,6 +79,10 @@ def test_cache_value_means_match_ops(fmt):
     rows = _complete_pages(sc, sc.seq_lens.cpu())
     _check_rows(fmt, store, _reference_store(sc, fmt), rows)
     assert _untouched(store, rows), "only complete pages are written"
+    packed = torch.cat((sc.k_cache, sc.v_cache), dim=-1)  # [num_blocks, block_size, H, 2D] as vLLM packs it
+    from_view = _store(sc, fmt)
+    lk.build_cache_value_means(packed[..., 32:], sc.block_table, sc.seq_lens, from_view, sc.page_size)
+    assert all(torch.equal(a[rows], b[rows]) for a, b in zip(store, from_view) if a is not None), "packed view"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
