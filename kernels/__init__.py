@@ -4,12 +4,14 @@
 ``build_cache_summaries`` (prefill), ``build_completed_page_summaries`` (the page a decode step completes),
 ``every_page``, ``select_step`` and ``decode_step`` (one layer's step, composed once: what the vLLM backend's CUDA
 path runs and what the benchmark times), the two-level selection (``build_completed_superpages``,
-``superpage_scores``, ``select_two_level``, ``superpage_slots``: ``superpages.py``) and ``batched_eigh`` (the
-16 x 16 Jacobi eigensolver). They take tensors and plain integers (summaries as the colwise8 tuple ``(centroid,
-basis, coeffs, basis_scale, coeffs_scale)``) and import nothing from ``locks_engine``. Each takes optional ``out``
-buffers; all launch fixed grids with no host synchronization, so a whole decode step can be captured in one CUDA
-graph at a fixed budget. Importing this package does not import triton: each function loads its module on first
-use (so CPU-only machines can import it, and tests can skip cleanly).
+``superpage_scores``, ``select_two_level``, ``superpage_slots``: ``superpages.py``), the tail estimate
+(``allocate_value_means``, ``build_cache_value_means``, ``build_completed_value_means``: ``value_means.py``;
+``tail_split``, ``tail_paged_attention``: ``tail.py``) and ``batched_eigh`` (the 16 x 16 Jacobi eigensolver).
+They take tensors and plain integers (summaries as the colwise8 tuple ``(centroid, basis, coeffs, basis_scale,
+coeffs_scale)``, value means as ``(means, scale)``) and import nothing from ``locks_engine``. Each takes optional
+``out`` buffers; all launch fixed grids with no host synchronization, so a whole decode step can be captured in one
+CUDA graph at a fixed budget. Importing this package does not import triton: each function loads its module on
+first use (so CPU-only machines can import it, and tests can skip cleanly).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ _MODULES = {
     "superpage_scores": "locks_kernels.superpages",
     "superpage_slots": "locks_kernels.superpages",
     "select_two_level": "locks_kernels.superpages",
+    "allocate_value_means": "locks_kernels.value_means",
+    "build_cache_value_means": "locks_kernels.value_means",
+    "build_completed_value_means": "locks_kernels.value_means",
+    "tail_split": "locks_kernels.tail",
+    "tail_paged_attention": "locks_kernels.tail",
 }
 
 __all__ = sorted(_MODULES)

@@ -54,6 +54,45 @@ def store_value_means(means: Tensor, fmt: str) -> Tensor:
     raise ValueError(f"value-mean format {fmt!r}: allowed {', '.join(VALUE_MEAN_FORMATS)}")
 
 
+def encode_value_means(means: Tensor, fmt: str) -> tuple[Tensor, Tensor | None]:
+    """``means`` `[..., D]` as a store holds them: ``(int8 [..., D], fp16 scale [...])``
+    (``quant.quantize_symmetric`` over ``D``) or ``(bf16 [..., D], None)``; ``decode_value_means`` reads them
+    back to what ``store_value_means`` gives.
+
+    Raises:
+        ValueError: on an unknown format.
+    """
+    if fmt == "bf16":
+        return means.to(torch.bfloat16), None
+    if fmt == "int8":
+        q, scale = quantize_symmetric(means, (-1,), 8)
+        return q, scale.squeeze(-1)
+    raise ValueError(f"value-mean format {fmt!r}: allowed {', '.join(VALUE_MEAN_FORMATS)}")
+
+
+def decode_value_means(means: Tensor, scale: Tensor | None) -> Tensor:
+    """fp32 `[..., D]` of a stored ``(means, scale)`` pair (``encode_value_means``): int8 ``means`` times their
+    fp16 ``scale`` `[...]`, or bf16 ``means`` (``scale`` None)."""
+    return means.float() if scale is None else dequantize(means, scale.unsqueeze(-1))
+
+
+def stored_row_value_means(means: Tensor, scale: Tensor | None, block_table: Tensor, ppb: int) -> Tensor:
+    """Mean value vector of every logical page of each row, read from a store by physical page id.
+
+    Args:
+        means (Tensor): `[num_pages, H, D]` int8 or bf16; scale (Tensor | None): fp16 `[num_pages, H]` (int8),
+            None (bf16); ``encode_value_means`` of each physical page (``physical_page_ids``).
+        block_table (Tensor): `[S, max_blocks]`. ppb (int): pages per block, ``block_size / B``.
+    Returns:
+        Tensor: fp32 `[S, Pmax, H, D]`, ``Pmax = max_blocks * ppb``: the ``value_means`` argument of
+        ``tail_paged_attention``.
+    """
+    from locks_engine.ops.paging import physical_page_ids
+
+    pages = physical_page_ids(block_table, ppb).to(means.device)  # [S, Pmax]
+    return decode_value_means(means[pages], None if scale is None else scale[pages])
+
+
 def value_mean_bytes(head_dim: int, fmt: str) -> int:
     """Bytes of one page's mean value vector, one KV head: ``2 D`` (bf16) or ``D + 2`` (int8 + fp16 scale).
 

@@ -146,3 +146,22 @@ def test_cache_value_means_by_physical_page():
     assert torch.allclose(means[3], v[1, 4:].mean(0), atol=v.abs().max().item() / 127)
     with pytest.raises(ValueError, match="does not divide"):
         cache_value_means(v, 3, "bf16")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "bf16"])
+def test_a_store_by_physical_page_reads_back_as_the_row_means(fmt):
+    from locks_engine.ops.tail import (
+        cache_value_means, decode_value_means, encode_value_means, row_value_means, stored_row_value_means)
+
+    gen = torch.Generator().manual_seed(5)
+    v = torch.randn(5, 8, 2, 4, generator=gen)
+    means = v.reshape(10, 4, 2, 4).mean(1)  # [physical pages, H, D] at B = 4
+    stored, scale = encode_value_means(means, fmt)
+    assert stored.dtype == (torch.int8 if fmt == "int8" else torch.bfloat16)
+    assert scale is None if fmt == "bf16" else scale.shape == (10, 2) and scale.dtype == torch.float16
+    assert torch.equal(decode_value_means(stored, scale), cache_value_means(v, 4, fmt))
+    block_table = torch.tensor([[3, 1], [0, 4]], dtype=torch.int32)
+    rows = stored_row_value_means(stored, scale, block_table, 2)
+    assert torch.equal(rows, row_value_means(v, block_table, 4, fmt))
+    with pytest.raises(ValueError, match="allowed"):
+        encode_value_means(means, "int4")
