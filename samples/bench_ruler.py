@@ -41,7 +41,7 @@ from pathlib import Path
 from locks_bench.ruler import (
     OFFLINE_ENV, TASKS, EngineSizes, RulerError, Setting, TruncationCounter, check_backend, check_lengths,
     check_model_dir, engine_env, ensure_punkt_tab, import_lm_eval_vllm, locks_settings, model_args, nltk_data_env,
-    parse_setting, task_metadata)
+    parse_setting, read_shares, task_metadata)
 from locks_bench.ruler_results import result_path, task_row, timed_row, write_ruler_result
 
 
@@ -97,6 +97,7 @@ def run_tasks(spec: dict, part: dict) -> None:
     logging.getLogger("lm_eval").addHandler(truncated)
     for task in spec["tasks"]:
         truncated.count = 0
+        steps_before = stats.written() if stats is not None else 0
         t0 = time.perf_counter()
         task_obj, docs = load_task(manager, task, context, seed, spec["limit"], spec["model"], spec["docs_cache"])
         t1 = time.perf_counter()
@@ -108,11 +109,15 @@ def run_tasks(spec: dict, part: dict) -> None:
             raise RulerError(f"{task}: lm-eval cut {truncated.count} prompts to max_model_len = {context} + "
                              f"{spec['sizes']['headroom']} tokens; the accuracy would be of other prompts")
         row = {**timed_row(task_row(results, task, context), t1 - t0, time.perf_counter() - t1), "docs": docs}
-        part["tasks"].append(row)
         if stats is not None:
             part["locks_steps"] = stats.written()
+            row["locks_read"] = read_shares(stats, steps_before)
+        part["tasks"].append(row)
+        read = row.get("locks_read")
+        cost = (f"; read {read['pages_read_share']:.1%} of the pages, {read['summaries_share']:.2f} of the summaries"
+                if read else "")
         log(f"  {task}: {row['accuracy']:.1f}% of {row['samples']} samples, {row['s_per_sample']} s a sample "
-            f"(samples {docs} in {row['data_s']} s)")
+            f"(samples {docs} in {row['data_s']} s){cost}")
         Path(spec["part_path"]).write_text(json.dumps(part, indent=1))
 
 

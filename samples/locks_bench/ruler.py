@@ -280,6 +280,27 @@ def check_backend(setting: Setting, stats_path: str | Path, timeout_s: float = 3
         raise RulerError(f"setting {setting.name}: {err}") from None
 
 
+def read_shares(stats: Any, since: int) -> dict[str, Any] | None:
+    """What the steps written after step ``since`` read, from the open ``StatsReader`` of ``check_backend``: KV
+    pages read and page summaries scanned over the complete pages (each counted per layer and KV head, summed over
+    the decode steps; ``locks_engine.stats``), so a result says what a setting's selection cost, e.g. how much of
+    the flat scan a calibrated two-level selection kept scanning. The ring keeps its last ``capacity`` steps: with
+    more steps since ``since``, the shares are those of the last ``capacity`` (``steps`` says how many were read).
+
+    Returns:
+        dict | None: ``pages_read_share``, ``summaries_share`` (1.0 is the flat scan; the two-level selection
+        adds its superpage centroids) and ``steps``; None when no decode step was recorded.
+    """
+    new = stats.written() - since
+    records = [r for r in stats.latest(min(new, stats.capacity)) if r["pages_total"] > 0] if new > 0 else []
+    total = sum(int(r["pages_total"]) for r in records)
+    if not total:
+        return None
+    return {"pages_read_share": round(sum(int(r["pages_read"]) for r in records) / total, 4),
+            "summaries_share": round(sum(int(r["summaries_read"]) for r in records) / total, 4),
+            "steps": len(records)}
+
+
 #: seconds one engine step may take before vLLM ends the engine (its default, 300, killed a 2-core run whose core
 #: another engine shared: a busy machine should slow a run down, not end it)
 STEP_TIMEOUT_S = 3600

@@ -137,6 +137,27 @@ def test_check_backend_from_the_statistics_file(tmp_path):
         ruler.check_backend(Setting("dense"), path)
 
 
+def test_read_shares_sums_the_steps_since_a_count(tmp_path):
+    """A task's result says what its decode steps read: pages and summaries over the complete pages, summed over
+    the steps written since the task began, prefill-only steps left out; None when no decode step ran."""
+    from locks_engine.stats import StatsRing
+
+    path = tmp_path / "stats.bin"
+    ring = StatsRing.create(path, max_pages=300, page_size=16, capacity=4)
+    ring.set_layers(total=2, locks=2)
+    stats = ruler.check_backend(parse_setting("locks:5%"), path, timeout_s=0)
+    ring.append({"num_decodes": 1, "pages_read": 50, "pages_total": 100, "summaries_read": 100})  # an earlier task
+    before = stats.written()
+    assert ruler.read_shares(stats, before) is None
+    ring.append({"num_prefill_tokens": 64})  # prefill only: no complete page counted
+    ring.append({"num_decodes": 1, "pages_read": 10, "pages_total": 100, "summaries_read": 40})
+    ring.append({"num_decodes": 2, "pages_read": 30, "pages_total": 300, "summaries_read": 60})
+    assert ruler.read_shares(stats, before) == {"pages_read_share": 0.1, "summaries_share": 0.25, "steps": 2}
+    for _ in range(3):  # past the ring's capacity: the last 4 steps are what is left to read
+        ring.append({"num_decodes": 1, "pages_read": 1, "pages_total": 10, "summaries_read": 10})
+    assert ruler.read_shares(stats, before) == {"pages_read_share": 0.1, "summaries_share": 0.2727, "steps": 4}
+
+
 def test_engine_env_is_offline_and_picks_the_cpu_backend():
     dense = ruler.engine_env(Setting("dense"), ruler.EngineSizes(kv_cache_gib=0.4))
     locks = ruler.engine_env(parse_setting("locks:2048"), ruler.EngineSizes(kv_cache_gib=2.6))
