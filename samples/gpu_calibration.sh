@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 48's GPU check of candidates="auto" (the two-level selection's c calibrated per layer once per prompt, from
 # its last prefill chunk's queries, read by the kernels as data at the capacity c = 64), one GPU, one call per stage
-# (each under 10 minutes).
+# (each under 10 minutes). The tests stage also runs the tail estimate's kernels (issue 47) against their ops twins.
 # usage (GPU machine, project root, vLLM 0.26 and this project on PYTHONPATH, e.g. after .gw/setup.sh):
 #   bash samples/gpu_calibration.sh tests OUT     # kernel tests against the ops twins, the CUDA-graph replays (c
 #                                                 # as data included), the backend's calibration and statistics
@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 tests() {
   python3 -m pytest -q tests/kernels/test_kernels_superpages.py tests/kernels/test_kernels_score_select.py \
     tests/kernels/test_kernels_graph.py tests/backend/test_vllm_backend_calibration.py \
-    tests/backend/test_vllm_backend_two_level.py tests/backend/test_tail_backend.py tests/backend/test_device_stats.py \
+    tests/backend/test_vllm_backend_two_level.py tests/backend/test_tail_backend.py tests/backend/test_device_stats.py tests/kernels/test_kernels_tail.py \
     2>&1 | tee "$OUT/tests.log" | tail -15
 }
 kernels() {
