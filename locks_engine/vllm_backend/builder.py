@@ -54,12 +54,12 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
         """None on CPU (plain torch ops sync with the host), nor with a hook whose ``cuda_graphs`` is False, nor
         with the ``oracle`` selection (its exact scores are plain torch over every key, one sequence at a time: a
         graph would hold every captured batch size's keys in fp32 outside vLLM's memory profile; as a quality
-        reference it may run eagerly), nor with a tail estimate (``LocksConfig.tail``: on CUDA the torch
-        reference for now, ``ops.tail.tail_paged_attention``). vLLM then runs attention eagerly between its piecewise graphs. Statistics
-        keep the graphs: on CUDA they are counted on the device (``device_stats``)."""
+        reference it may run eagerly, with or without a tail estimate). vLLM then runs attention eagerly between
+        its piecewise graphs. A tail estimate on the flat scan keeps the graphs (``cuda.py``), and so do
+        statistics: on CUDA they are counted on the device (``device_stats``)."""
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
         cfg = locks_config(extra)
-        eager = cfg.selection == "oracle" or cfg.tail != "none" or not hooks.graph_safe(hooks.hook_classes(extra))
+        eager = cfg.selection == "oracle" or not hooks.graph_safe(hooks.hook_classes(extra))
         if compat.on_cpu() or eager:
             return AttentionCGSupport.NEVER
         return cls._cudagraph_support

@@ -98,6 +98,10 @@ class CpuPath:
             keys = k_cache[slots // block_size, slots % block_size]  # [Pn, B, H, D]
         write_page_summaries(store, meta.new_page_ids, build_page_summaries(keys, meta.cfg))
 
+    def update_value_means(self, kv_cache: Tensor, meta: LocksMetadata) -> None:
+        """Nothing to keep: the CPU path computes the tail estimate's mean values from the V cache at each
+        decode (``attend``)."""
+
     def attend_prefill(self, rows: PrefillRows, query: Tensor, kv_cache: Tensor, out: Tensor) -> None:
         """Dense causal attention of the prefill rows (``prefill.py``), on vLLM's CPU kernel on its platform."""
         isa = "amx" if self.amx(kv_cache) else None

@@ -12,12 +12,15 @@ The ``oracle`` selection is the exception: its exact page scores are plain torch
 declares no CUDA-graph support for it and vLLM runs attention eagerly (``builder.get_cudagraph_support``); Triton's
 ``select_pages`` and ``sparse_paged_attention`` then run as for LOCKS, on scores of the same shape.
 
-A tail estimate (``LocksConfig.tail``) runs eagerly too, for now as its torch reference: the selection keeps the
-scores it ranked by (Triton's ``score_pages``, or the oracle's), and the attention is
-``ops.tail.tail_paged_attention`` (the selected pages exactly, every other complete page as its estimated mass times
-its mean value, merged by log-sum-exp) with the means computed from the V cache every step: a quality reference
-(RULER), not the speed path. The share of the estimated mass the tail carried (``ops.tail.tail_mass_share``, torch
-on the device, no host sync) goes to the statistics (``device_stats``).
+A tail estimate (``LocksConfig.tail``) runs in Triton and inside CUDA graphs like the rest of the step: the
+selection scores every complete page (``score_pages``, the flat scan) and keeps those scores, and the attention is
+``locks_kernels.tail_paged_attention`` (the selected pages exactly, every other complete page as its estimated mass
+times its mean value, merged by log-sum-exp). The mean values live in a store by physical page id beside the
+summaries (``value_means``: int8 with an fp16 scale, or bf16; reserved in the KV sizing, ``memory.py``), written
+for the pages a prefill completes (``ops.tail.encode_value_means``, the ops twin of ``build_cache_value_means``)
+and on the device for the page a decode token completes (``build_completed_value_means``). With the ``oracle``
+selection the step stays eager, as above. The share of the estimated mass the tail carried
+(``ops.tail.tail_mass_share``, torch on the device, no host sync) goes to the statistics (``device_stats``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from locks_engine.ops.baselines import oracle_scores_by_row
 from locks_engine.ops.select import reads_every_page, summary_fraction
 from locks_engine.ops.summaries import PageSummaries
 from locks_engine.ops.superpages import coarse_fraction
-from locks_engine.ops.tail import row_value_means, tail_mass_share, tail_paged_attention
+from locks_engine.ops.tail import encode_value_means, page_value_means, tail_mass_share
 from locks_engine.vllm_backend import compat
 from locks_engine.vllm_backend.metadata import LocksMetadata
 from locks_engine.vllm_backend.prefill import PrefillRows, attend_prefill
@@ -67,6 +70,9 @@ class CudaPath:
         self.kv_cache_dtype = kv_cache_dtype
         # the scores `[S, HQ, Pmax]` the last select ranked by, for the tail estimate of the attend that follows it
         self._tail_scores: Tensor | None = None
+        self._means: tuple[Tensor, Tensor | None] | None = None
+        """The tail estimate's value-mean store ``(means, scale)`` by physical page id (``update_value_means``)."""
+        self._means_key = None
 
     def views(self, kv_cache: Tensor) -> tuple[Tensor, Tensor]:
         """`[num_blocks, block_size, H, D]` views of K and V of the packed cache."""
@@ -97,6 +103,45 @@ class CudaPath:
         keys = k_cache[slots // block_size, slots % block_size]  # [Pn, B, H, D]
         for stored, new in zip(store.colwise8(), build_page_summaries(keys, meta.cfg.rank)):
             stored[meta.new_page_ids] = new
+
+    def update_value_means(self, kv_cache: Tensor, meta: LocksMetadata) -> None:
+        """The tail estimate's value-mean store (``LocksConfig.tail``): allocated beside the cache on first use
+        (``locks_kernels.allocate_value_means``: int8 `[P, H, D]` with fp16 `[P, H]`, or bf16 `[P, H, D]`, ``P``
+        physical pages), then the mean value of every page this step completes written at its physical id: a
+        prefill row's pages with the ops twin (``ops.tail.page_value_means``, ``encode_value_means``), the page a
+        decode token completes on the device (``build_completed_value_means``: fixed grid, CUDA-graph safe).
+        Call after the step's K/V are written, before ``select``.
+
+        Raises:
+            RuntimeError: the store would be allocated inside CUDA graph capture.
+        """
+        from locks_kernels import allocate_value_means, build_completed_value_means
+
+        cfg = meta.cfg
+        v_cache = self.views(kv_cache)[1]
+        num_blocks, block_size = v_cache.shape[:2]
+        key = (kv_cache.data_ptr(), num_blocks, cfg.tail, cfg.page_size)
+        if self._means_key != key:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "LOCKS backend: the value-mean store would be allocated inside CUDA graph capture; "
+                    "vLLM should run an eager warm-up step first"
+                )
+            num_pages = num_blocks * (block_size // cfg.page_size)
+            self._means = allocate_value_means(num_pages, self.num_kv_heads, self.head_size, cfg.tail, kv_cache.device)
+            self._means_key = key
+        if meta.new_page_ids.numel():
+            slots = meta.new_page_slots
+            values = v_cache[slots // block_size, slots % block_size]  # [Pn, B, H, D]
+            means, scale = encode_value_means(page_value_means(values.transpose(1, 2), cfg.page_size)[:, :, 0],
+                                              cfg.tail)
+            self._means[0][meta.new_page_ids] = means
+            if scale is not None:
+                self._means[1][meta.new_page_ids] = scale
+        if meta.num_decodes:
+            rows = meta.num_decodes
+            build_completed_value_means(v_cache, meta.block_table[:rows], meta.seq_lens[:rows], self._means,
+                                        cfg.page_size)
 
     def attend_prefill(self, rows: PrefillRows, query: Tensor, kv_cache: Tensor, out: Tensor) -> None:
         """Dense causal attention of the prefill rows (``prefill.py``: FlashAttention for fp16/bf16)."""
@@ -156,7 +201,7 @@ class CudaPath:
 
     def _tail_select(self, q: Tensor, kv_cache: Tensor, selection: Selection, block_table: Tensor, seq_lens: Tensor,
                      cfg: LocksConfig) -> Tensor:
-        """The flat scan (or the oracle) keeping its scores for the tail estimate (eager only): the page this
+        """The flat scan (or the oracle) keeping its scores for the tail estimate: the page this
         step completed is summarized as in ``select_step``, every complete page scored (Triton's ``score_pages``,
         or the oracle's exact log mass), the top pages selected. Returns ``selected`` int64 `[S, H, min(K, Pmax)]`."""
         from locks_kernels import score_pages, select_pages, select_step
@@ -177,7 +222,8 @@ class CudaPath:
     def attend(self, q: Tensor, kv_cache: Tensor, selected: Tensor, block_table: Tensor, seq_lens: Tensor,
                meta: LocksMetadata, out: Tensor) -> Tensor | None:
         """The second half of ``locks_kernels``' decode step (``decode_step`` after ``select_step``): exact
-        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`.
+        softmax attention over the selected pages only (paper Section 3.4), written into ``out`` `[S, HQ, D]`;
+        with a tail estimate, every other complete page's estimate too (``locks_kernels.tail_paged_attention``).
 
         Returns:
             Tensor | None: fp32 `[S, H]` share of each KV head's estimated mass that the tail estimate carried
@@ -188,10 +234,10 @@ class CudaPath:
         k_cache, v_cache = self.views(kv_cache)
         tail, self._tail_scores = self._tail_scores, None
         if tail is not None:
-            means = row_value_means(v_cache, block_table, meta.cfg.page_size, meta.cfg.tail)
-            attn, _ = tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, means,
-                                           meta.cfg.page_size, self.scale)
-            out.copy_(attn)
+            from locks_kernels import tail_paged_attention
+
+            tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, self._means,
+                                 meta.cfg.page_size, self.scale, out=out)
             return tail_mass_share(tail, selected, seq_lens, meta.cfg.page_size)
         sparse_paged_attention(
             q, k_cache, v_cache, block_table, seq_lens, selected, meta.cfg.page_size, self.scale, out=out

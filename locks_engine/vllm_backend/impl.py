@@ -138,6 +138,8 @@ class LocksAttentionImpl(AttentionImpl):
         meta, path = attn_metadata, self.path_for(kv_cache)
         nd, end = meta.num_decodes, meta.num_actual_tokens
         store = self._summaries(path, kv_cache, meta) if meta.cfg.summarized else None
+        if meta.cfg.tail != "none":
+            path.update_value_means(kv_cache, meta)
         if meta.prefill is not None:
             path.attend_prefill(meta.prefill, query[nd:end], kv_cache, output[nd:end])
             if self.calibration is not None and meta.calibration is not None:

@@ -20,27 +20,34 @@ logger = logging.getLogger(__name__)
 
 
 def locks_summary_fraction(vllm_config) -> float:
-    """Summary bytes over K+V bytes for an engine of ``vllm_config``: 0 unless its attention backend is
-    ``CUSTOM`` (LOCKS, registered by the plugin) with summaries (``LocksConfig.summarized``: neither ``dense`` nor
-    the ``oracle``); the ``two-level`` selection's superpage centroids included (``ops.superpages.superpage_fraction``).
+    """Bytes kept beside the KV cache over its K+V bytes for an engine of ``vllm_config``: 0 unless its attention
+    backend is ``CUSTOM`` (LOCKS, registered by the plugin); the page summaries when it has them
+    (``LocksConfig.summarized``: neither ``dense`` nor the ``oracle``), the ``two-level`` selection's superpage
+    centroids included (``ops.superpages.superpage_fraction``), plus the tail estimate's mean values
+    (``LocksConfig.tail``: ``ops.tail.value_mean_bytes`` a page and KV head over its ``2 B D`` K+V elements; the
+    CUDA path's store, ``cuda.CudaPath.update_value_means``).
 
     Raises:
         ValueError: ``additional_config["locks"]`` is not a valid ``LocksConfig``.
     """
     from locks_engine.ops.select import summary_fraction
     from locks_engine.ops.superpages import superpage_fraction
+    from locks_engine.ops.tail import value_mean_bytes
     from locks_engine.vllm_backend.config_keys import locks_config
 
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     if getattr(backend, "name", None) != "CUSTOM":
         return 0.0
     cfg = locks_config(vllm_config.additional_config)
-    if not cfg.summarized:
-        return 0.0
     model = vllm_config.model_config
-    fraction = summary_fraction(cfg, model.get_head_size(), model.dtype)
-    if cfg.selection == "two-level":
-        fraction += superpage_fraction(cfg.page_size)
+    head_size, dtype = model.get_head_size(), model.dtype
+    fraction = 0.0
+    if cfg.summarized:
+        fraction += summary_fraction(cfg, head_size, dtype)
+        if cfg.selection == "two-level":
+            fraction += superpage_fraction(cfg.page_size)
+    if cfg.tail != "none" and not cfg.dense:
+        fraction += value_mean_bytes(head_size, cfg.tail) / (2 * cfg.page_size * head_size * dtype.itemsize)
     return fraction
 
 

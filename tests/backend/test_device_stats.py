@@ -172,6 +172,11 @@ def test_summary_fraction_only_for_locks_with_summaries():
     two = locks_summary_fraction(config("CUSTOM", {"selection": "two-level"}))
     assert two == pytest.approx(want + 1 / 32)  # + the superpage centroids: 2 D of 4 B D bytes
     assert locks_summary_fraction(config("CUSTOM", {})) == pytest.approx(two)  # the default
+    # the tail estimate's mean values: D + 2 bytes (int8) or 2 D (bf16) a page and KV head over 2 B D bf16 K+V
+    tail = locks_summary_fraction(config("CUSTOM", {"selection": "flat", "tail": "int8"}))
+    assert tail == pytest.approx(want + 130 / (2 * 16 * 128 * 2))
+    oracle = locks_summary_fraction(config("CUSTOM", {"selection": "oracle", "tail": "bf16"}))
+    assert oracle == pytest.approx(256 / (2 * 16 * 128 * 2))  # no summaries, the means only
     with pytest.raises(ValueError, match="budget"):
         locks_summary_fraction(config("CUSTOM", {"budget": -1}))
 

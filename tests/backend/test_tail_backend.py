@@ -1,9 +1,11 @@
 """The tail estimate through the LOCKS backend (``LocksConfig(tail="int8"|"bf16")``), without an engine, on the CPU
-paths and, with a GPU, the CUDA path (eager, the torch reference of the attention):
+paths and, with a GPU, the CUDA path (Triton, the value-mean store by physical page id; inside a CUDA graph too):
 the complete pages a decode step does not read enter the softmax as their score times their mean value
 (``ops.tail``). The invariants: the setting is validated and travels through ``additional_config``; with the
 oracle's exact page masses the output is the brute-force sum over the selected tokens and the other pages' means;
-with LOCKS' estimates it is nearer dense attention than dropping the tail; a budget covering the context is dense."""
+with LOCKS' estimates it is nearer dense attention than dropping the tail; a budget covering the context is dense;
+on CUDA a decode step replayed from a CUDA graph gives the eager step's output and writes the completed pages'
+mean values."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from locks_engine.vllm_backend import compat  # noqa: E402
 from locks_engine.vllm_backend.builder import LocksMetadataBuilder  # noqa: E402
 from tests.backend.test_oracle_backend import PAGE, SelectionRecorder  # noqa: E402
 from tests.backend.test_vllm_backend_scenarios import (  # noqa: E402,F401
-    BLOCK_SIZE, D, H, HQ, SCENARIOS, Run, assert_close, device_of, platform,
+    BLOCK_SIZE, D, H, HQ, SCENARIOS, Batch, Run, assert_close, common_metadata, device_of, platform,
 )
 
 
@@ -75,14 +77,52 @@ def test_the_setting_is_validated_and_travels_through_additional_config() -> Non
         LocksConfig(tail="bf16", summary_format="quest")
 
 
-def test_the_tail_runs_attention_outside_cuda_graphs(monkeypatch) -> None:
+def test_the_tail_keeps_cuda_graphs_except_with_the_oracle(monkeypatch) -> None:
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
     monkeypatch.setattr(compat, "on_cpu", lambda: False)
 
     support = LocksMetadataBuilder.get_cudagraph_support
-    flat, tail = ({"locks": LocksConfig(tail=t).to_dict()} for t in ("none", "int8"))
+    flat, tail, oracle = ({"locks": cfg.to_dict()} for cfg in (
+        LocksConfig(tail="none"), LocksConfig(tail="int8"), LocksConfig(selection="oracle", tail="int8")))
     assert support(VllmConfig(additional_config=flat), spec) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-    assert support(VllmConfig(additional_config=tail), spec) == AttentionCGSupport.NEVER
+    assert support(VllmConfig(additional_config=tail), spec) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert support(VllmConfig(additional_config=oracle), spec) == AttentionCGSupport.NEVER
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_a_decode_step_with_the_tail_replays_in_a_cuda_graph(fmt: str, platform: str) -> None:
+    """Rows of 320 and 48 tokens complete a page with this step's token: the replay must write its mean value
+    (the store's rows are cleared before it) and give the eager step's output."""
+    if platform != "cuda":
+        pytest.skip("the CUDA path only")
+    batch = Batch([320, 511, 129, 48], [1, 1, 1, 1])
+    cfg = LocksConfig(budget=4 * PAGE, tail=fmt)
+    run = Run(batch, cfg, torch.bfloat16, device="cuda")
+    run.prefill_context()
+    cam = common_metadata(batch.seq_lens, batch.query_lens, run.block_table, "cuda")
+    q, k, v = (torch.cat([x[n - 1:n] for x, n in zip(xs, batch.seq_lens)]).cuda() for xs in (run.q, run.k, run.v))
+    run.impl.do_kv_cache_update(None, k, v, run.kv_cache, cam.slot_mapping)
+    meta = run.builder.build(0, cam)
+    eager = torch.full_like(q, float("nan"))
+    run.impl.forward(None, q, k, v, run.kv_cache, meta, eager)
+    means, scale = run.impl.path._means
+    written = means.clone(), None if scale is None else scale.clone()
+    captured = torch.full_like(q, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run.impl.forward(None, q, k, v, run.kv_cache, meta, captured)
+    captured.fill_(float("nan"))
+    completed = [int(run.block_table[row, (n // PAGE - 1) // (BLOCK_SIZE // PAGE)]) * (BLOCK_SIZE // PAGE)
+                 + (n // PAGE - 1) % (BLOCK_SIZE // PAGE) for row, n in enumerate(batch.seq_lens) if n % PAGE == 0]
+    assert len(completed) == 2 and means[completed].abs().sum() > 0
+    means[completed] = 0
+    if scale is not None:
+        scale[completed] = 0
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(means, written[0]) and (scale is None or torch.equal(scale, written[1]))
+    assert torch.isfinite(captured).all() and torch.equal(captured, eager)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
