@@ -68,7 +68,8 @@ class LocksConfig:
     """``none``: the pages a step does not read are left out of the softmax. ``int8`` / ``bf16``: each complete page
     not read enters it as ``exp(s_j) vbar_j``, its estimated log mass ``s_j`` (the score it was ranked by) times
     its mean value vector kept in that format, merged with the exact pages by log-sum-exp (``ops/tail.py``;
-    ``samples/studies/TAIL_ESTIMATE.md``). Flat and oracle selections, LOCKS formats; eager on CUDA for now (the torch reference)."""
+    ``samples/studies/TAIL_ESTIMATE.md``). Flat and oracle selections, LOCKS formats; on CUDA the Triton kernels
+    inside CUDA graphs (eager with the oracle), the mean values in a store beside the summaries."""
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, 1)
