@@ -122,7 +122,7 @@ class CudaPath:
         num_blocks, block_size = v_cache.shape[:2]
         key = (kv_cache.data_ptr(), num_blocks, cfg.tail, cfg.page_size)
         if self._means_key != key:
-            if torch.cuda.is_current_stream_capturing():
+            if kv_cache.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
                     "LOCKS backend: the value-mean store would be allocated inside CUDA graph capture; "
                     "vLLM should run an eager warm-up step first"
