@@ -20,8 +20,10 @@ TINY = {
     "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rope_theta": 10000.0,
 }
 SHAPES = {"llama3.1-8b": LLAMA_8B, "glm4-9b-1m": GLM4_9B_1M, "tiny": TINY}
-BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM", "locks-2l": "CUSTOM"}
-"""``locks``: the flat scan; ``locks-2l``: the two-level selection with ``--candidates``."""
+BACKENDS = {"flash": "FLASH_ATTN", "locks": "CUSTOM", "locks-2l": "CUSTOM", "locks-tail": "CUSTOM"}
+"""``locks``: the flat scan; ``locks-2l``: the two-level selection with ``--candidates``; ``locks-tail``: the flat
+scan with the tail estimate (``LocksConfig.tail="int8"``: the pages not read enter as their estimated mass times their
+int8 mean value, ``locks_engine/ops/tail.py``)."""
 #: HBM bandwidth of one H200 (datasheet, bytes/s): the floor of a dense decode layer is its K+V bytes over this
 HBM_PEAK_BYTES_S = 4.8e12
 
@@ -80,7 +82,8 @@ def parse_ints(text: str) -> list[int]:
 def selection_settings(name: str, candidates: str, layers: int | None = None) -> dict:
     """``LocksConfig``'s ``selection`` and ``candidates`` for a backend or configuration ``name``: the two-level
     selection with ``candidates`` (``"4"``, one ``c`` per layer comma-separated, a name of
-    ``locks_bench.candidates.NAMED``, or ``auto``: each layer calibrates its own) for ``locks-2l``, else flat.
+    ``locks_bench.candidates.NAMED``, or ``auto``: each layer calibrates its own) for ``locks-2l``, the flat scan
+    with the int8 tail estimate for ``locks-tail``, else flat.
     A named table is stretched to ``layers`` (``locks_bench.candidates.stretch``: the evaluation model's table at a
     dummy shape's depth, for speed only).
 
@@ -89,6 +92,8 @@ def selection_settings(name: str, candidates: str, layers: int | None = None) ->
     """
     from locks_bench.candidates import NAMED, parse_candidates, stretch
 
+    if name == "locks-tail":
+        return {"selection": "flat", "tail": "int8"}
     if name != "locks-2l":
         return {"selection": "flat"}
     if candidates.strip().lower() == "auto":
@@ -115,7 +120,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     parser.add_argument("--layers", default="", help="comma list of depths (default: the shape's full depth)")
     parser.add_argument("--contexts", default="32768,131072,262144", help="comma list of prompt tokens")
     parser.add_argument("--batch", default="", help="CONTEXT:SEQUENCES,... extra batched cells (throughput)")
-    parser.add_argument("--backends", default="flash,locks", help="comma list of flash, locks")
+    parser.add_argument("--backends", default="flash,locks", help="comma list of flash, locks, locks-2l, locks-tail")
     parser.add_argument("--decode", default="64,576", help="the two generation lengths n1,n2 (tokens)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of the (n1, n2) pair")
     parser.add_argument("--budget", type=int, default=2048, help="LOCKS budget (tokens)")

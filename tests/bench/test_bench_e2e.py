@@ -462,5 +462,9 @@ def test_selection_settings_of_the_benchmarks_configurations():
     assert e2e.selection_settings("locks-2l", "4,8", 32)["candidates"] == (4, 8)
     auto = e2e.selection_settings("locks-2l", "auto", 32)
     assert auto == {"selection": "two-level", "candidates": "auto"} and LocksConfig(**auto).calibrated
+    # the tail estimate rides on the flat scan (LocksConfig refuses it with the two-level selection)
+    tail = e2e.selection_settings("locks-tail", "auto", 32)
+    assert tail == {"selection": "flat", "tail": "int8"} and LocksConfig(**tail).tail == "int8"
+    assert e2e.BACKENDS["locks-tail"] == "CUSTOM"
     with pytest.raises(ValueError, match="comma-separated integers"):
         e2e.selection_settings("locks-2l", "4;8")
