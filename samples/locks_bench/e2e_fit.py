@@ -31,12 +31,26 @@ def step_bytes(shape: str, tp: int, ctx: int, batch: int, summary_format: str, r
             "bytes_ratio": round(dense / locks, 2)}
 
 
+def is_locks(backend: str) -> bool:
+    """A LOCKS engine of ``bench_e2e`` (``locks``, ``locks-2l``, ``locks-tail``: ``locks_bench.e2e.BACKENDS``)."""
+    return backend.startswith("locks")
+
+
+def backend_fields(backend: str, result: dict) -> dict:
+    """What a row of a LOCKS engine other than the flat scan adds: its ``backend`` name and the selection it ran
+    (``selection``, ``candidates``, ``tail`` as the result records them); nothing for ``locks``, whose rows keep
+    the fields they had before the other engines existed."""
+    if backend == "locks":
+        return {}
+    return {"backend": backend, **{k: result[k] for k in ("selection", "candidates", "tail") if k in result}}
+
+
 def locks_label(result: dict) -> str | None:
     """The summary format of a LOCKS result, with the score-kernel overrides that results of earlier kernels
     record (fields ``score_tuning``: ``"colwise8 score dot1t,16,4"``; ``score_ptx`` ``"0"``: ``plain``;
     ``lse_partials`` ``"1"`` / ``"0"``: ``lse-partials`` / ``own-lse``) and its kernels' version when named
     (``"colwise8 kernels 8f39075"``); None for FLASH_ATTN."""
-    if result["backend"] != "locks":
+    if not is_locks(result["backend"]):
         return None
     label = result.get("summary_format")
     partials = {"1": "lse-partials", "0": "own-lse"}.get(result.get("lse_partials") or "", "")
@@ -84,6 +98,7 @@ def measured_row(key: tuple, r: dict, c: dict, dc: dict) -> dict:
     if machine:
         row["machine"] = machine
     row.update(label_fields(label))
+    row.update(backend_fields(backend, r))
     row.update({
         "speedup": round(dc["tpot_ms"] / c["tpot_ms"], 2) if dc.get("tpot_ms") else None,
         "dense_tpot_spread_ms": [dc.get("tpot_ms_min"), dc.get("tpot_ms_max")],
@@ -129,7 +144,7 @@ def summarize(folders_in: list[str], json_path: str | Path, meta: dict | str | N
     rows = []
     for key, (r, c) in sorted(cells.items(), key=by_format_last):
         shape, layers, tp, ctx, batch, backend, walk, machine, _ = key
-        if backend != "locks":
+        if not is_locks(backend):
             continue
         dense_key = (shape, layers, tp, ctx, batch, "flash", walk, machine, None)
         dense = dense_by_folder.get((folder_of[key], *dense_key), cells.get(dense_key))
@@ -167,7 +182,7 @@ def depth_fits(cells: dict) -> list[dict]:
     rows = []
     for (shape, tp, ctx, batch, backend, walk, machine, fmt), by_depth in sorted(groups.items(), key=by_format_last):
         full = SHAPES[shape]["num_hidden_layers"]
-        if backend != "locks" or len(by_depth) < 2 or full in by_depth:
+        if not is_locks(backend) or len(by_depth) < 2 or full in by_depth:
             continue
         dense = groups.get((shape, tp, ctx, batch, "flash", walk, machine, None), {})
         if len(dense) < 2:
@@ -210,6 +225,7 @@ def depth_fits(cells: dict) -> list[dict]:
         if machine:
             row["machine"] = machine
         row.update(label_fields(fmt))
+        row.update(backend_fields(backend, cells_result(cells, shape, tp, ctx, batch, backend, walk, machine, fmt)))
         rows.append(row)
     return rows
 
@@ -228,11 +244,11 @@ def one_gpu_device_fits(cells: dict) -> list[dict]:
     for (shape, layers, tp, ctx, batch, backend, walk, machine, fmt), (r, c) in cells.items():
         ms = profile_busy_ms(r, ctx) if batch == 1 and machine else None
         if ms is not None:
-            busy.setdefault((shape, tp, ctx, walk, machine, fmt), {})[layers] = ms
-            tpot.setdefault((shape, tp, ctx, walk, machine, fmt), {})[layers] = c["tpot_ms"]
+            busy.setdefault((shape, tp, ctx, walk, machine, backend, fmt), {})[layers] = ms
+            tpot.setdefault((shape, tp, ctx, walk, machine, backend, fmt), {})[layers] = c["tpot_ms"]
     out = []
-    for (shape, tp, ctx, walk, machine, fmt), locks in sorted(busy.items(), key=by_format_last):
-        dense_key = (shape, tp, ctx, walk, machine, None)
+    for (shape, tp, ctx, walk, machine, backend, fmt), locks in sorted(busy.items(), key=by_format_last):
+        dense_key = (shape, tp, ctx, walk, machine, "flash", None)
         dense = busy.get(dense_key, {})
         shared = sorted(set(locks) & set(dense))
         if fmt is None or len(locks) < 2 or not shared:
@@ -240,11 +256,13 @@ def one_gpu_device_fits(cells: dict) -> list[dict]:
         fixed, slope = linear_fit(locks)
         dense_slope = slope + statistics.mean((dense[d] - locks[d]) / d for d in shared)
         full = SHAPES[shape]["num_hidden_layers"]
-        pairs = {"locks": (shape, tp, ctx, walk, machine, fmt), "flash": dense_key}
+        pairs = {"locks": (shape, tp, ctx, walk, machine, backend, fmt), "flash": dense_key}
         host_bound = {b: sorted(d for d, t in tpot[k].items() if t > 1.05 * busy[k][d]) for b, k in pairs.items()}
         out.append({
             "shape": shape, "context": ctx, "tp": tp, "prefix_walk": walk, "machine": machine,
-            **label_fields(fmt), "depths_locks": sorted(locks), "depths_dense": sorted(dense),
+            **label_fields(fmt), **backend_fields(backend, cells_result(cells, shape, tp, ctx, 1, backend, walk,
+                                                                        machine, fmt)),
+            "depths_locks": sorted(locks), "depths_dense": sorted(dense),
             "locks_fixed_ms": round(fixed, 3), "locks_per_layer_ms": round(slope, 4),
             "dense_per_layer_ms": round(dense_slope, 4), "per_layer_ratio": round(dense_slope / slope, 2),
             "locks_ms_at_full_depth": round(fixed + slope * full, 3),
@@ -252,6 +270,15 @@ def one_gpu_device_fits(cells: dict) -> list[dict]:
             "tpot_ms": {b: tpot[k] for b, k in pairs.items()},
             "kernel_ms_per_step": {"locks": locks, "flash": dense}, "host_bound": host_bound})
     return out
+
+
+def cells_result(cells: dict, shape: str, tp: int, ctx: int, batch: int, backend: str, walk: bool, machine: str,
+                 fmt: str | None) -> dict:
+    """The result (any depth) of a cell group of ``cells``: where a fit's row reads its engine's settings."""
+    for (s, _, t, c, b, be, w, m, f), (r, _) in cells.items():
+        if (s, t, c, b, be, w, m, f) == (shape, tp, ctx, batch, backend, walk, machine, fmt):
+            return r
+    return {}
 
 
 def profile_busy_ms(result: dict | None, ctx: int) -> float | None:
