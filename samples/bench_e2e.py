@@ -185,14 +185,24 @@ def profile_decode(engine, ctx: int, steps: int, args, cfg: dict) -> dict:
     """Torch profiler in every worker around ``steps`` decode tokens on the cached batch-1 prompt of ``ctx``
     tokens (measured before, so its prefix is cached): per rank, the top kernels by self device time and the top
     host ranges by inclusive CPU time, and the device busy time per decode step against the wall time per token
-    (a step whose device time is well under its wall time waits on the host)."""
+    (a step whose device time is well under its wall time waits on the host).
+
+    Each profiled request starts with a prefill step (the prompt's last tokens) and, with ``candidates="auto"``,
+    every layer's calibration after it. A second, shorter window of ``steps // 4`` tokens (at least 2) is
+    profiled the same way, and the difference of the two is the decode alone: ``decode_kernel_ms_per_step`` (kernel
+    time per decode step) per rank, and ``short_window`` (its ``decode_tokens``, ``kernel_us_total`` and
+    ``by_device`` rows, for ``samples/profile_layers.py``'s per-kernel difference)."""
     prompt = bench_prompt(args.seed, ctx, 0, cfg["vocab_size"])  # measure()'s batch-1 prompt: cached
     engine.generate([prompt], 1)
-    engine.llm.apply_model(start_profile)
-    t0 = time.perf_counter()
-    engine.generate([prompt], steps, ignore_eos=True)
-    elapsed = time.perf_counter() - t0
-    ranks = engine.llm.apply_model(stop_profile_summary)
+    ranks, elapsed = profile_window(engine, prompt, steps)
+    short_steps = max(2, steps // 4)
+    short = profile_window(engine, prompt, short_steps)[0] if steps > short_steps else []
+    for summary, brief in zip(ranks, short):
+        if summary and brief:
+            summary["short_window"] = {"decode_tokens": short_steps, "kernel_us_total": brief["kernel_us_total"],
+                                       "by_device": brief["by_device"]}
+            summary["decode_kernel_ms_per_step"] = round(
+                (summary["kernel_us_total"] - brief["kernel_us_total"]) / (steps - short_steps) / 1e3, 3)
     for summary in ranks:
         for rows in (summary.get("by_device", []), summary.get("by_cpu", [])):
             for row in rows:
@@ -202,6 +212,16 @@ def profile_decode(engine, ctx: int, steps: int, args, cfg: dict) -> dict:
             summary["device_busy_ms_per_step"] = round(summary["kernel_us_total"] / steps / 1e3, 3)
     return {"context": ctx, "decode_tokens": steps, "wall_ms_per_token": round(elapsed / steps * 1e3, 3),
             "ranks": ranks}
+
+
+def profile_window(engine, prompt: list[int], steps: int) -> tuple[list[dict], float]:
+    """One profiled request of ``steps`` tokens on ``prompt``: every rank's ``stop_profile_summary`` and the wall
+    time (s)."""
+    engine.llm.apply_model(start_profile)
+    t0 = time.perf_counter()
+    engine.generate([prompt], steps, ignore_eos=True)
+    elapsed = time.perf_counter() - t0
+    return engine.llm.apply_model(stop_profile_summary), elapsed
 
 
 def py_spy_decode(engine, ctx: int, steps: int, args, cfg: dict, rate: int = 250) -> dict:

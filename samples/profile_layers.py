@@ -8,7 +8,9 @@ every decode step has ``calls >= (N - 1) x layers``; its share of one layer's st
 ``round(calls / ((N - 1) x layers))`` (launches a layer a step). Kernels launched once a step (embedding, LM head,
 sampler) fall under the threshold and are left out, so the sum is the per-layer decode cost on the device:
 attention, the layer's GEMMs and norms. A calibration that runs one of those kernels adds its calls to the mean
-(at most ``2 x layers`` of ``(N - 1) x layers``): the figure leans high for LOCKS, never low.
+(at most ``2 x layers`` of ``(N - 1) x layers``): the figure leans high for LOCKS, never low. Profiles with a
+short window (``bench_e2e.profile_decode``) are read as the difference of the two windows, calls and time kernel by
+kernel: the prefill step and the calibration cancel, and ``N`` is the difference of their tokens.
 
 Usage::
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 
 def layer_kernels(result: dict) -> dict:
-    """Per-layer decode kernels of one ``bench_e2e`` result: ``{"layers", "decode_steps", "per_layer_us",
+    """Per-layer decode kernels of one ``bench_e2e`` result: ``{"layers", "decode_steps", "windows", "per_layer_us",
     "kernels": [{"name", "per_layer_us", "launches"}...]}`` (microseconds a layer a decode step, first rank;
     device-side rows only, those without CPU time: an eager op's row repeats its kernels' time).
 
@@ -40,16 +42,28 @@ def layer_kernels(result: dict) -> dict:
     if not ranks or steps < 2:
         raise ValueError("no --profile-steps profile in this result")
     layers = int(result["layers"])
-    per = (steps - 1) * layers  # launches of a once-a-layer kernel over the decode steps
+    rank = ranks[0]
+    rows = {row["name"]: row for row in rank.get("by_device", []) if row["self_cpu_us"] == 0}
+    short = rank.get("short_window")
+    if short:  # the difference of two windows: each request's prefill step and calibration cancel
+        decode = steps - short["decode_tokens"]
+        for row in short["by_device"]:
+            if row["name"] in rows and row["self_cpu_us"] == 0:
+                long_row = rows[row["name"]]
+                rows[row["name"]] = {**long_row, "calls": long_row["calls"] - row["calls"],
+                                     "self_device_us": long_row["self_device_us"] - row["self_device_us"]}
+    else:
+        decode = steps - 1
+    per = decode * layers  # launches of a once-a-layer kernel over the decode steps
     kernels = []
-    for row in ranks[0].get("by_device", []):
-        if row["self_cpu_us"] != 0 or row["calls"] < per:
+    for row in rows.values():
+        if row["calls"] < per:
             continue
         launches = round(row["calls"] / per)
         kernels.append({"name": row["name"], "launches": launches,
                         "per_layer_us": round(row["self_device_us"] / row["calls"] * launches, 2)})
     kernels.sort(key=lambda k: -k["per_layer_us"])
-    return {"layers": layers, "decode_steps": steps - 1,
+    return {"layers": layers, "decode_steps": decode, "windows": 2 if short else 1,
             "per_layer_us": round(sum(k["per_layer_us"] for k in kernels), 1), "kernels": kernels}
 
 

@@ -283,14 +283,18 @@ def cells_result(cells: dict, shape: str, tp: int, ctx: int, batch: int, backend
 
 def profile_busy_ms(result: dict | None, ctx: int) -> float | None:
     """GPU kernel time per decode step (ms; first rank) of ``result``'s ``--profile-steps`` profile when it was
-    taken at ``ctx`` tokens, else None. It includes the one prefill step of the cached prompt (1 of the steps).
-    Device-side entries only: profiles saved before ``kernel_us_total`` existed summed every entry, eager ops and
-    launch calls too (their kernels twice); for those the top entries with CPU time are taken back out."""
+    taken at ``ctx`` tokens, else None. Profiles with a short window (``decode_kernel_ms_per_step``, the
+    difference of two windows) give the decode alone; older ones include the one prefill step of the cached prompt
+    (1 of the steps) and the calibration of ``candidates="auto"``. Device-side entries only: profiles saved before
+    ``kernel_us_total`` existed summed every entry, eager ops and launch calls too (their kernels twice); for those
+    the top entries with CPU time are taken back out."""
     profile = (result or {}).get("profile") or {}
     ranks = profile.get("ranks") or [{}]
     if profile.get("context") != ctx or not profile.get("decode_tokens"):
         return None
     rank = ranks[0]
+    if rank.get("decode_kernel_ms_per_step") is not None:
+        return rank["decode_kernel_ms_per_step"]
     if "kernel_us_total" in rank:
         total = rank["kernel_us_total"]
     elif "device_us_total" in rank:

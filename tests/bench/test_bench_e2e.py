@@ -77,7 +77,7 @@ def cell(ctx: int, tpot: float, batch: int = 1, **extra) -> dict:
 
 
 def result(shape: str, layers: int, backend: str, cells: list[dict]) -> dict:
-    locks = backend == "locks"
+    locks = backend.startswith("locks")  # bench_e2e writes the LOCKS fields for every LOCKS engine
     return {"shape": shape, "layers": layers, "backend": backend, "tp": 1, "budget": 2048 if locks else None,
             "rank": 8 if locks else None, "summary_format": "chanlog" if locks else None, "engine_start_s": 1.0,
             "cells": cells}
@@ -198,6 +198,29 @@ def test_summarize_fits_a_named_kernels_version_on_its_own(tmp_path) -> None:
     assert [(kind, len(rs)) for kind, _, rs in panels] == [("depth", 4)]
     assert {k[-1] for k in fits_by_key} == {None, "abc"}
     assert e2e_fit.label_parts(e2e_fit.locks_label(runs[-1])) == ("chanlog", None, "abc")
+
+
+def test_summarize_keeps_the_two_level_engine_apart_from_the_flat_scan(tmp_path) -> None:
+    """``locks-2l`` (and ``locks-tail``) engines make rows and depth fits of their own against FLASH_ATTN, named by
+    ``backend`` and the selection they ran; the flat scan's rows keep their fields as before."""
+    glm = lambda layers, backend, tpot: result("glm4-9b-1m", layers, backend, [cell(1 << 20, tpot)])  # noqa: E731
+    two = lambda layers, tpot: {**glm(layers, "locks-2l", tpot), "selection": "two-level",  # noqa: E731
+                                "candidates": "auto"}
+    runs = [glm(2, "flash", 2.0), glm(8, "flash", 5.0), glm(2, "locks", 1.9), glm(8, "locks", 3.4),
+            two(2, 1.7), two(8, 2.3)]
+    for i, r in enumerate(runs):
+        (tmp_path / f"result-{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "e2e.json"
+    assert e2e_fit.summarize([str(tmp_path)], out) == 0
+    rows = json.loads(out.read_text())["rows"]
+    at8 = {r.get("backend", "locks"): r for r in rows if r["layers"] == 8}
+    assert (at8["locks"]["locks_tpot_ms"], at8["locks-2l"]["locks_tpot_ms"]) == (3.4, 2.3)
+    assert at8["locks-2l"]["dense_tpot_ms"] == 5.0 and at8["locks-2l"]["candidates"] == "auto"
+    assert "selection" not in at8["locks"]
+    fits = {r.get("backend", "locks"): r["fit"] for r in rows if r["extrapolated"]}
+    assert fits["locks"]["locks_per_layer_ms"] == pytest.approx(0.25)
+    assert fits["locks-2l"]["locks_per_layer_ms"] == pytest.approx(0.1)
+    assert fits["locks-2l"]["per_layer_ratio"] == 5.0
 
 
 def test_summarize_pairs_a_locks_row_with_the_dense_cell_of_its_own_run(tmp_path) -> None:
@@ -343,6 +366,9 @@ def test_profile_busy_counts_each_kernel_once() -> None:
     new = {**old, "ranks": [{**old["ranks"][0], "kernel_us_total": 1000.0 * 64}]}
     assert e2e_fit.profile_busy_ms({"profile": new}, 1 << 20) == pytest.approx(1.0)
     assert e2e_fit.profile_busy_ms({"profile": old}, 1 << 17) is None and e2e_fit.profile_busy_ms(None, 1 << 20) is None
+    # with a short window the decode alone: the difference of the two windows' kernel time over their tokens
+    two = {**new, "ranks": [{**new["ranks"][0], "decode_kernel_ms_per_step": 0.8}]}
+    assert e2e_fit.profile_busy_ms({"profile": two}, 1 << 20) == pytest.approx(0.8)
 
 
 def test_summarize_without_results_fails(tmp_path, capsys) -> None:
@@ -468,3 +494,39 @@ def test_selection_settings_of_the_benchmarks_configurations():
     assert e2e.BACKENDS["locks-tail"] == "CUSTOM"
     with pytest.raises(ValueError, match="comma-separated integers"):
         e2e.selection_settings("locks-2l", "4;8")
+
+
+def test_profile_decode_takes_the_short_window_out() -> None:
+    """Each profiled request carries a prefill step and the calibration; the difference of a long and a short
+    window leaves the decode steps alone (``decode_kernel_ms_per_step``)."""
+    import argparse
+    import importlib.util
+
+    from tests.support.paths import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_e2e_script", REPO / "samples" / "bench_e2e.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Engine:
+        """A request of n tokens costs 5 ms of kernels once (prefill, calibration) and 1 ms a decode step."""
+
+        def __init__(self):
+            self.tokens, self.llm = 0, self
+
+        def apply_model(self, fn):
+            if fn is bench.stop_profile_summary:
+                total = (5000.0 + 1000.0 * (self.tokens - 1)) if self.tokens else 0.0
+                return [{"kernel_us_total": total, "by_device": [], "by_cpu": []}]
+            return [0]
+
+        def generate(self, prompts, n, ignore_eos=False):
+            self.tokens = n
+
+    args = argparse.Namespace(seed=0)
+    profile = bench.profile_decode(Engine(), 64, 64, args, {"vocab_size": 1000})
+    rank = profile["ranks"][0]
+    assert rank["short_window"]["decode_tokens"] == 16
+    assert rank["decode_kernel_ms_per_step"] == pytest.approx(1.0)
+    assert rank["device_busy_ms_per_step"] == pytest.approx((5000 + 63000) / 64 / 1e3, abs=1e-3)
+    assert e2e_fit.profile_busy_ms({"profile": profile}, 64) == pytest.approx(1.0)

@@ -54,3 +54,18 @@ def test_the_command_prints_and_writes_each_breakdown(tmp_path, capsys):
     assert profile_layers.main([str(path), "--json", str(out)]) == 0
     assert "20.0 us a layer a decode step (2 layers, 16 decode steps)" in capsys.readouterr().out
     assert json.loads(out.read_text())[str(path)]["per_layer_us"] == 20.0
+
+
+def test_a_short_window_cancels_the_prefill_and_the_calibration():
+    # 64 and 16 tokens, 8 layers: the score kernel runs once a layer a decode step (20 us) plus 16 calibration
+    # calls of 500 us in each window; the difference keeps 48 x 8 decode launches of 20 us
+    def rows(tokens):
+        return [("score", (tokens - 1) * 8 + 16, (tokens - 1) * 8 * 20.0 + 16 * 500.0, 0.0)]
+    result = profiled(8, 64, rows(64))
+    short = profiled(8, 16, rows(16))["profile"]["ranks"][0]["by_device"]
+    result["profile"]["ranks"][0]["short_window"] = {"decode_tokens": 16, "by_device": short}
+    b = profile_layers.layer_kernels(result)
+    assert (b["decode_steps"], b["windows"], b["per_layer_us"]) == (48, 2, 20.0)
+    # one window alone: the calibration's calls leak into the mean
+    one = profile_layers.layer_kernels(profiled(8, 64, rows(64)))
+    assert one["windows"] == 1 and one["per_layer_us"] > 30.0
