@@ -14,7 +14,8 @@ from locks_bench.results import command_text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 #: the summary files, in the order of BENCHMARKS.md, with the list of rows each holds
-SECTIONS = (("e2e.json", "rows", "End to end in vLLM (TPOT, ms)"), ("kernels.json", "rows", "Decode kernels (ms)"),
+SECTIONS = (("e2e_default.json", "rows", "End to end in vLLM, the default selection (TPOT, ms)"),
+            ("e2e.json", "rows", "End to end in vLLM, the flat scan (TPOT, ms)"), ("kernels.json", "rows", "Decode kernels (ms)"),
             ("decode_step_ab.json", "rows", "Decode step, kernels before and after the one-kernel-per-stage refactor (ms)"),
             ("score.json", "rows", "Score kernel (ms)"), ("select.json", "runs", "Selection kernel"),
             ("build.json", "rows", "Summary build kernel (ms)"), ("fidelity.json", "needle", "Needle in a haystack"),
@@ -87,9 +88,11 @@ def first_command(cmds) -> str:
     return f"`{text}`" + (" + more" if len(cmds) > 1 or ", then" in command_text(cmds[0]) else "")
 
 
-def e2e_rows(doc: dict) -> list[list[str]]:
-    """Headline rows of ``e2e.json``: Llama-3.1-8B at 128K and 256K (batch 1) and 128K x 6, each the latest
-    kernels' row, and the GLM 1M per-layer device ratio (``one_gpu_device_fits``)."""
+def e2e_rows(doc: dict, selection: str = "") -> list[list[str]]:
+    """Headline rows of an end-to-end summary (``e2e.json``, the flat scan; ``e2e_default.json``, the default
+    selection; ``selection`` names it in each row's label): Llama-3.1-8B at 128K and 256K (batch 1) and the batched
+    128K cell, each the latest kernels' row, and the GLM 1M per-layer device ratio (``one_gpu_device_fits``; not
+    where the fit says its profiles counted a prefill step and a calibration as decode, ``decode_only`` false)."""
     prov = doc.get("provenance", {})
     order = list(prov)
 
@@ -105,16 +108,21 @@ def e2e_rows(doc: dict) -> list[list[str]]:
         return [p.get("machine", ""), p.get("commit", ""), p.get("date", ""), first_command(cmd)]
 
     out = []
-    for label, shape, ctx, batch in (("Llama-3.1-8B shapes, 128K, batch 1: TPOT", "llama3.1-8b", 131072, 1),
-                                     ("Llama-3.1-8B shapes, 256K, batch 1: TPOT", "llama3.1-8b", 262144, 1),
-                                     ("Llama-3.1-8B shapes, 128K x 6 sequences: TPOT", "llama3.1-8b", 131072, 6)):
+    batches = sorted({r["batch"] for r in doc["rows"] if (r["shape"], r["context"]) == ("llama3.1-8b", 131072)
+                      and r["batch"] > 1})
+    cells = [("Llama-3.1-8B shapes, 128K, batch 1: TPOT", "llama3.1-8b", 131072, 1),
+             ("Llama-3.1-8B shapes, 256K, batch 1: TPOT", "llama3.1-8b", 262144, 1)]
+    cells += [(f"Llama-3.1-8B shapes, 128K x {b} sequences: TPOT", "llama3.1-8b", 131072, b) for b in batches[-1:]]
+    for label, shape, ctx, batch in cells:
         r = latest(shape, ctx, batch)
         if r:
-            fmt = "" if r.get("summary_format") == "colwise8" else f" (summary format `{r.get('summary_format')}`)"
-            out.append([label + fmt, f"{r['locks_tpot_ms']:.2f} ms", f"{r['dense_tpot_ms']:.2f} ms",
+            fmt = "" if r.get("summary_format") == "colwise8" else f", summary format `{r.get('summary_format')}`"
+            out.append([label + (f" ({selection}{fmt})" if selection or fmt else "").replace("(, ", "("),
+                        f"{r['locks_tpot_ms']:.2f} ms", f"{r['dense_tpot_ms']:.2f} ms",
                         f"**{r['speedup']:.2f}x**", *where(r.get("kernels"))])
-    for fit in doc.get("one_gpu_device_fits", [])[-1:]:
-        out.append(["GLM-4-9B-1M-like, 1M, batch 1: GPU time a layer", f"{fit['locks_per_layer_ms']:.3f} ms",
+    for fit in [f for f in doc.get("one_gpu_device_fits", []) if f.get("decode_only", True)][-1:]:
+        out.append(["GLM-4-9B-1M-like, 1M, batch 1: GPU time a layer" + (f" ({selection})" if selection else ""),
+                    f"{fit['locks_per_layer_ms']:.3f} ms",
                     f"{fit['dense_per_layer_ms']:.3f} ms", f"**{fit['per_layer_ratio']:.2f}x**",
                     *where(fit.get("kernels"))])
     return out
@@ -149,7 +157,9 @@ def fidelity_rows(doc: dict) -> list[list[str]]:
 def readme_table(results: Path) -> list[str]:
     """The README's results table (one row per headline number)."""
     rows = []
-    for name, fn in (("e2e.json", e2e_rows), ("fidelity.json", fidelity_rows)):
+    sources = (("e2e_default.json", lambda doc: e2e_rows(doc, "default: two-level, `c` calibrated")),
+               ("e2e.json", lambda doc: e2e_rows(doc, "flat scan")), ("fidelity.json", fidelity_rows))
+    for name, fn in sources:
         if (results / name).is_file():
             rows += fn(json.loads((results / name).read_text()))
     lines = ["| result | LOCKS | baseline | ratio | machine | commit | date | command |", "|---|---|---|---|---|---|---|---|"]

@@ -218,6 +218,10 @@ def depth_fits(cells: dict) -> list[dict]:
                 "per_layer_ratio": round(dev_d[1] / dev_l[1], 2) if dev_l[1] > 0 else None,
                 "dense_ms_at_full_depth": round(dev_d[0] + dev_d[1] * full, 3),
                 "locks_ms_at_full_depth": round(dev_l[0] + dev_l[1] * full, 3)}
+            # LOCKS depths whose TPOT is over 1.05x their kernel time a step: the step waits on the host there, and
+            # the TPOT fit's LOCKS slope (and per_layer_ratio) is flattened by them
+            row["fit"]["locks_host_bound_depths"] = sorted(d for d, t in by_depth.items()
+                                                           if d in busy_l and t > 1.05 * busy_l[d])
         if tp > 1:
             row["tp"] = tp
         if not walk:
@@ -240,10 +244,12 @@ def one_gpu_device_fits(cells: dict) -> list[dict]:
     both engines (the same model, LM head and sampler: the per-step kernels differ by ~10 us in the profiles).
     ``host_bound`` lists the depths whose TPOT is over 1.05x the profiled kernel time per step (the step waits on
     the host, so a TPOT fit through them is flattened). Returns one dict per group (times in ms)."""
-    tpot, busy = {}, {}
+    tpot, busy, whole = {}, {}, set()
     for (shape, layers, tp, ctx, batch, backend, walk, machine, fmt), (r, c) in cells.items():
         ms = profile_busy_ms(r, ctx) if batch == 1 and machine else None
         if ms is not None:
+            if (r["profile"]["ranks"][0] or {}).get("decode_kernel_ms_per_step") is None:
+                whole.add((shape, tp, ctx, walk, machine))  # a profile of one window: prefill, calibration in it
             busy.setdefault((shape, tp, ctx, walk, machine, backend, fmt), {})[layers] = ms
             tpot.setdefault((shape, tp, ctx, walk, machine, backend, fmt), {})[layers] = c["tpot_ms"]
     out = []
@@ -267,6 +273,8 @@ def one_gpu_device_fits(cells: dict) -> list[dict]:
             "dense_per_layer_ms": round(dense_slope, 4), "per_layer_ratio": round(dense_slope / slope, 2),
             "locks_ms_at_full_depth": round(fixed + slope * full, 3),
             "dense_ms_at_full_depth": round(fixed + dense_slope * full, 3),
+            # False: some profile was one window, its prefill step and calibration counted as decode
+            "decode_only": (shape, tp, ctx, walk, machine) not in whole,
             "tpot_ms": {b: tpot[k] for b, k in pairs.items()},
             "kernel_ms_per_step": {"locks": locks, "flash": dense}, "host_bound": host_bound})
     return out

@@ -326,6 +326,7 @@ def test_depth_fit_over_profiled_device_time() -> None:
     assert dev["dense_fixed_ms"] == pytest.approx(0.74) and dev["locks_fixed_ms"] == pytest.approx(0.78)
     assert dev["dense_ms_at_full_depth"] == pytest.approx(0.74 + 40 * 0.44)
     assert row["fit"]["dense_per_layer_ms"] == pytest.approx(0.23)  # the TPOT fit, host-bound at 4 layers
+    assert row["fit"]["locks_host_bound_depths"] == [4]  # TPOT 5.8 ms over 2.1 ms of kernels
     # a profile taken at another context is not this cell's
     cells = dict([c(4, "flash", 5.8, 2.5, ctx=1 << 17), c(24, "flash", 10.4, 11.3), c(4, "locks", 5.8, 2.1),
                   c(24, "locks", 9.0, 8.7)])
@@ -349,6 +350,11 @@ def test_one_gpu_device_fit_from_one_dense_depth() -> None:
     assert fit["per_layer_ratio"] == pytest.approx(2.7 / 1.6, abs=0.01)
     assert fit["locks_fixed_ms"] == pytest.approx(0.3, abs=1e-3)
     assert fit["host_bound"] == {"locks": [6], "flash": []}
+    assert fit["decode_only"] is False  # one-window profiles: the prefill step and any calibration counted
+    for _, (result, _) in cells.items():
+        rank = result["profile"]["ranks"][0]
+        rank["decode_kernel_ms_per_step"] = rank["kernel_us_total"] / 64e3
+    assert e2e_fit.one_gpu_device_fits(cells)[0]["decode_only"] is True
     other = dict([c(6, "locks", 2.3, 1.9), c(12, "locks", 3.5, 3.5), c(6, "flash", 2.9, 3.0, machine="b")])
     assert e2e_fit.one_gpu_device_fits(other) == []
     unnamed = dict([c(6, "locks", 2.3, 1.9, ""), c(12, "locks", 3.5, 3.5, ""), c(6, "flash", 2.9, 3.0, "")])

@@ -60,8 +60,8 @@ def test_generator_on_synthetic_json(tmp_path):
     assert table[0] == "| result | LOCKS | baseline | ratio | machine | commit | date | command |"
     first, batched, mass, needle = table[2:]
     assert "| 6.00 ms | 9.00 ms | **1.50x** | GPU2 | k2 | 2026-01-02 | `python samples/bench_e2e.py --kernels k2` |" in first
-    assert "x 6 sequences: TPOT (summary format `None`) | 12.00 ms | 36.00 ms | **3.00x** | GPU1 | aaa | 2026-01-01" \
-        in batched
+    assert "x 6 sequences: TPOT (flat scan, summary format `None`) | 12.00 ms | 36.00 ms | **3.00x** | GPU1 | aaa | " \
+        "2026-01-01" in batched
     assert "median 0.995, mean 0.990, worst layer 0.950 |  | - | cpu |  | 2026-01-03 | `python samples/bench_fidelity.py`" in mass
     assert "Needle in 8,192 tokens, m | 10/10 at 5% of pages | dense 9/10 | - | CPU1 (AVX2) | ccc | 2026-01-04 |" in needle
     readme = f"# Title\n\n{START}\nold\n{END}\n\nafter\n"
@@ -72,6 +72,31 @@ def test_generator_on_synthetic_json(tmp_path):
         rewrite_readme("# no markers\n", results)
     doc = benchmarks_md(results)
     assert "## End to end in vLLM" in doc and "## Needle in a haystack" in doc
+
+
+def test_the_default_selection_heads_the_table_and_a_one_window_glm_fit_stays_out(tmp_path):
+    """``e2e_default.json`` (the default selection) gives its own rows, named, before the flat scan's; its batched
+    cell is whatever batch it measured; a GLM fit whose profiles counted a prefill step and a calibration as decode
+    (``decode_only`` false) makes no headline row."""
+    results = tmp_path / "results"
+    synthetic(results)
+    e2e = json.loads((results / "e2e.json").read_text())
+    fit = {"locks_per_layer_ms": 0.36, "dense_per_layer_ms": 0.53, "per_layer_ratio": 1.46, "kernels": "k3"}
+    rows = [{**r, "summary_format": "colwise8"} for r in e2e["rows"]]
+    default = {**e2e, "rows": [r for r in rows if r["batch"] == 1] + [{**rows[2], "batch": 3}],
+               "one_gpu_device_fits": [{**fit, "decode_only": False}]}
+    (results / "e2e_default.json").write_text(json.dumps(default))
+    table = readme_table(results)
+    labels = [line.split(" | ")[0] for line in table[2:]]
+    assert labels[:3] == ["| Llama-3.1-8B shapes, 128K, batch 1: TPOT (default: two-level, `c` calibrated)",
+                          "| Llama-3.1-8B shapes, 128K x 3 sequences: TPOT (default: two-level, `c` calibrated)",
+                          "| Llama-3.1-8B shapes, 128K, batch 1: TPOT (flat scan, summary format `None`)"]
+    assert not any("GLM" in label for label in labels)
+    default["one_gpu_device_fits"] = [{**fit, "decode_only": True}]
+    (results / "e2e_default.json").write_text(json.dumps(default))
+    glm = [line for line in readme_table(results) if "GLM" in line]
+    assert len(glm) == 1 and "(default: two-level, `c` calibrated) | 0.360 ms | 0.530 ms | **1.46x**" in glm[0]
+    assert "## End to end in vLLM, the default selection" in benchmarks_md(results)
 
 
 def test_index_rows_come_from_each_folders_files(tmp_path):
