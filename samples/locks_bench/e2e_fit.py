@@ -222,6 +222,8 @@ def depth_fits(cells: dict) -> list[dict]:
             # the TPOT fit's LOCKS slope (and per_layer_ratio) is flattened by them
             row["fit"]["locks_host_bound_depths"] = sorted(d for d, t in by_depth.items()
                                                            if d in busy_l and t > 1.05 * busy_l[d])
+            # a scalar for the tables: this row's extrapolated LOCKS TPOT rests on a host-bound depth
+            row["locks_host_bound"] = bool(row["fit"]["locks_host_bound_depths"])
         if tp > 1:
             row["tp"] = tp
         if not walk:
