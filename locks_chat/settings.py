@@ -16,9 +16,8 @@ from typing import Any
 
 from locks_chat.errors import LocksChatError
 from locks_chat.paths import settings_path
-from locks_chat.sampling import SAMPLING_KEYS
+from locks_chat.sampling import SAMPLING_KEYS, sampling_refusal
 from locks_engine.config import TAILS, LocksConfig
-from locks_engine.sampling import refusal
 
 LOCKS_DEFAULTS = LocksConfig()
 """the engine's LOCKS defaults: those of the settings and of the command line's options"""
@@ -149,7 +148,7 @@ def _allowed(key: str, value: Any) -> str | None:
     if key == "context":
         return None if number and isinstance(value, int) and value >= MIN_CONTEXT else f"tokens, at least {MIN_CONTEXT}"
     if key in SAMPLING_KEYS:
-        return refusal(key, value)
+        return sampling_refusal(key, value)
     return None if number and isinstance(value, int) and value > 0 else "a whole number above 0"
 
 
