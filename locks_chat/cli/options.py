@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from locks_chat.sampling import MAX_WHOLE
-from locks_chat.settings import LOCKS_DEFAULTS, MIN_CONTEXT, MIN_KV_CACHE_GIB
+from locks_chat.settings import LOCKS_DEFAULTS, MAX_BUDGET, MIN_CONTEXT, MIN_KV_CACHE_GIB
 from locks_engine.config import TAILS
 
 #: the smallest budget LOCKS takes: the pages every step reads (sink, recent and the last page), in tokens
@@ -110,6 +110,7 @@ Budget = Annotated[
         "--budget",
         help=f"LOCKS token budget per decode step and KV head (at least {MIN_BUDGET}: the pages every step reads).",
         min=MIN_BUDGET,
+        max=MAX_BUDGET,
     ),
 ]
 Rank = Annotated[
