@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locks_chat.citations import CitationCheck, check_citations
-from locks_chat.engine_client import ChatEngine
+from locks_chat.engine_client import ChatEngine, engine_failure, engine_log_offset
 from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
 from locks_chat.loop_guard import FINISH_REASON, STOPPED_TEXT, AnswerGuard
@@ -204,8 +204,11 @@ def ask(
     Raises:
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
         in the engine). TerminatedError: SIGTERM (``locks_chat.signals``; the request is aborted too).
+        EngineError: vLLM's engine core failed during the request (``locks_chat.engine_client.engine_failure``:
+        the root cause from the engine log).
     """
     prompt = fitting_prompt(engine, document, questions, answers, max_tokens)
+    log_start = engine_log_offset()
     cancel = cancel if cancel is not None else threading.Event()
     parts: list[str] = []
     guard = AnswerGuard()
@@ -238,6 +241,9 @@ def ask(
         hold_further_interrupts()
         raise Cancelled("interrupted: the request was aborted") from err
     except Exception as err:
+        failure = engine_failure(err, log_start)
+        if failure is not None:
+            raise failure from err
         if type(err).__name__ != "GenerationCancelled":
             raise
         if guard.loop is None:

@@ -46,6 +46,39 @@ def engine_log_path() -> Path:
     return data_dir() / "logs" / "engine.log"
 
 
+#: what vLLM raises when its engine core fails while a request runs (``vllm/v1/engine/exceptions.py``), told by
+#: name: the app imports no vLLM
+ENGINE_FAILURES = ("EngineDeadError", "EngineGenerateError")
+
+
+def engine_log_offset() -> int:
+    """The engine log's size now (bytes): where what its processes write next begins (0 without a log)."""
+    try:
+        return engine_log_path().stat().st_size
+    except (OSError, errors.LocksChatError):
+        return 0
+
+
+def engine_failure(err: BaseException, log_start: int) -> EngineError | None:
+    """``err`` as one line, when it is vLLM's word that its engine core failed during a request (a worker's
+    exception: an overflow, memory exhausted); ``None`` for any other exception.
+
+    vLLM's message (``EngineCore encountered an issue. See stack trace (above) for the root cause.``) names no
+    cause: the cause is the last exception line its processes wrote to the engine log after byte ``log_start``
+    (:func:`root_cause`), named with the log.
+    """
+    if type(err).__name__ not in ENGINE_FAILURES:
+        return None
+    try:
+        log = engine_log_path()
+    except errors.LocksChatError:
+        log = None
+    cause = root_cause(log, log_start) if log is not None else ""
+    own = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    where = f" (engine log: {log})" if log is not None else ""
+    return EngineError(f"the engine failed while answering: {cause or own}{where}")
+
+
 def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
                 kv_cache_gib: float | None = None) -> ChatEngine:
     """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores); its processes log to :func:`engine_log_path`.
