@@ -79,6 +79,30 @@ def engine_failure(err: BaseException, log_start: int) -> EngineError | None:
     return EngineError(f"the engine failed while answering: {cause or own}{where}")
 
 
+def check_model_path(model: str | None) -> None:
+    """Refuse a ``--model`` that names a path which cannot even be looked up, before ``locks_engine.models`` tests
+    it (pathlib raises there rather than answering): ``~user`` of no user, a name too long for the file system, a
+    loop of links (``locks_chat.paths.path_problem``). A missing path or a hub id passes, for the engine's models
+    to say.
+
+    Raises:
+        ModelPathError: such a path (exit 2).
+    """
+    from locks_chat.paths import path_problem
+
+    if model is None:
+        return
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:
+        raise errors.ModelPathError(f"--model {model}: no such user's home to expand ~ into; pass a model directory, "
+                                    "a hub id (org/name) or a built-in model (qwen0.5b, smollm2)") from None
+    problem = path_problem(path)
+    if problem is not None:
+        raise errors.ModelPathError(f"--model {model}: cannot read ({problem}); pass a model directory, a hub id "
+                                    "(org/name) or a built-in model (qwen0.5b, smollm2)")
+
+
 def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
                 kv_cache_gib: float | None = None) -> ChatEngine:
     """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores); its processes log to :func:`engine_log_path`.
@@ -103,6 +127,7 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
     """
     from locks_chat.paths import model_cache_dir
 
+    check_model_path(model)
     try:
         from locks_engine.engine import EngineOptions, EngineStartError
         from locks_engine.models import CacheDirError, ModelError, ModelPathError
@@ -271,6 +296,7 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
     )
     from locks_engine.processes import long_context_allowed
 
+    check_model_path(model)
     try:
         model_dir = local_model_dir(model, convert, model_cache_dir())
     except ModelPathError as err:
