@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locks_chat.citations import CitationCheck, check_citations
-from locks_chat.engine_client import ChatEngine
+from locks_chat.engine_client import ChatEngine, engine_failure, engine_log_offset
 from locks_chat.errors import Cancelled, ContextError, TerminatedError
 from locks_chat.ingest import Document
 from locks_chat.loop_guard import FINISH_REASON, STOPPED_TEXT, AnswerGuard
@@ -68,12 +68,19 @@ class AskResult:
 
 
 def _range(pages) -> str:
-    """A ``--pages`` range over ``pages``: printed labels, or physical numbers (``#3-9``) when a label has a
-    hyphen."""
+    """A ``--pages`` value for ``pages``: ``12`` for one page, else a range of printed labels; physical numbers
+    (``#3-9``, ``#3``) when a label has a hyphen."""
     first, last = pages[0], pages[-1]
-    if "-" in first.label or "-" in last.label:
-        return f"#{first.number}-{last.number}"
-    return f"{first.label}-{last.label}"
+    physical = "-" in first.label or "-" in last.label
+    if len(pages) == 1:
+        return f"#{first.number}" if physical else first.label
+    return f"#{first.number}-{last.number}" if physical else f"{first.label}-{last.label}"
+
+
+def _fitting_pages(pages) -> str:
+    """``--pages with about 40 pages (e.g. --pages 1-40)``, ``... about 1 page (e.g. --pages 1)``."""
+    count = f"{len(pages)} page{'' if len(pages) == 1 else 's'}"
+    return f"--pages with about {count} (e.g. --pages {_range(pages)})"
 
 
 def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens: int) -> None:
@@ -95,7 +102,7 @@ def check_fits(prompt: Prompt, document: Document, max_context: int, max_tokens:
     shortest = min(range(len(sizes)), key=sizes.__getitem__) if sizes else None
     ways = []
     if fit:
-        ways.append(f"pass --pages with about {fit} pages (e.g. --pages {_range(prompt.pages[:fit])})")
+        ways.append(f"pass {_fitting_pages(prompt.pages[:fit])}")
     elif shortest is not None and 0 < sizes[shortest] <= room:
         ways.append(f"pass --pages with shorter pages than the first (p. {prompt.pages[shortest].label} holds "
                     f"{sizes[shortest]:,} tokens; {room:,} fit beside the prompt and the answer)")
@@ -154,7 +161,7 @@ def refuse_from_a_prefix(tokenizer: Any, document: Document, max_context: int, m
         return
     per_page = tokens / len(text) * sum(len(page.text) for page in prefix) / len(prefix)  # tokens, estimated
     fit = int(room * 0.9 // per_page)
-    ways = f"; pass --pages with about {fit} pages (e.g. --pages {_range(pages[:fit])}) or use" if fit else \
+    ways = f"; pass {_fitting_pages(pages[:fit])} or use" if fit else \
         ": not one page fits; use"
     raise ContextError(
         f"{document.source}: about {int(total * tokens / len(text)):,} document tokens (estimated from its first "
@@ -204,8 +211,11 @@ def ask(
     Raises:
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
         in the engine). TerminatedError: SIGTERM (``locks_chat.signals``; the request is aborted too).
+        EngineError: vLLM's engine core failed during the request (``locks_chat.engine_client.engine_failure``:
+        the root cause from the engine log).
     """
     prompt = fitting_prompt(engine, document, questions, answers, max_tokens)
+    log_start = engine_log_offset()
     cancel = cancel if cancel is not None else threading.Event()
     parts: list[str] = []
     guard = AnswerGuard()
@@ -238,6 +248,9 @@ def ask(
         hold_further_interrupts()
         raise Cancelled("interrupted: the request was aborted") from err
     except Exception as err:
+        failure = engine_failure(err, log_start)
+        if failure is not None:
+            raise failure from err
         if type(err).__name__ != "GenerationCancelled":
             raise
         if guard.loop is None:

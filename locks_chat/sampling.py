@@ -8,12 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from locks_engine.sampling import GREEDY, Sampling
+from locks_engine.sampling import GREEDY, Sampling, refusal
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
 """what the user may set: the options (``--top-p`` for ``top_p``) and the settings file's keys"""
 
+MAX_WHOLE = 2**63 - 1
+"""the largest ``seed`` and ``top_k`` the app takes: vLLM sends a request to its engine core as msgpack, which
+holds integers up to ``2**64 - 1`` (a larger seed was an ``OverflowError`` there, after the engine had started:
+``vllm/v1/serial_utils.py``), and torch's generators take seeds up to the same (``torch.Generator.manual_seed``);
+the signed 64-bit limit keeps clear of both (a ``top_k`` past the vocabulary is off anyway)"""
+
 _SOURCE_NOTE = {"model": "the model's", "user": "yours"}
+
+
+def sampling_refusal(name: str, value: Any) -> str | None:
+    """``None`` when the app takes ``value`` for the sampling key ``name`` (:data:`SAMPLING_KEYS`), else what it
+    takes (for messages): ``locks_engine.sampling.refusal``'s ranges, ``seed`` and ``top_k`` at most
+    :data:`MAX_WHOLE`."""
+    allowed = refusal(name, value)
+    if allowed is None and name in ("seed", "top_k") and value > MAX_WHOLE:
+        return f"a whole number from 0 to {MAX_WHOLE}"
+    return allowed
 
 
 def answer_sampling(engine: Any, overrides: dict[str, Any]) -> Sampling:

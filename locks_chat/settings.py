@@ -16,9 +16,8 @@ from typing import Any
 
 from locks_chat.errors import LocksChatError
 from locks_chat.paths import settings_path
-from locks_chat.sampling import SAMPLING_KEYS
+from locks_chat.sampling import SAMPLING_KEYS, sampling_refusal
 from locks_engine.config import TAILS, LocksConfig
-from locks_engine.sampling import refusal
 
 LOCKS_DEFAULTS = LocksConfig()
 """the engine's LOCKS defaults: those of the settings and of the command line's options"""
@@ -26,6 +25,10 @@ LOCKS_DEFAULTS = LocksConfig()
 #: the smallest ``--context`` (tokens) and ``--kv-cache-gib`` the command line and the settings file take
 MIN_CONTEXT = 256
 MIN_KV_CACHE_GIB = 0.1
+MAX_BUDGET = 2**24
+"""the largest LOCKS budget the app takes (tokens): past any model's context, and a budget that covers the context
+reads every page already; the backend keeps superpage counts of up to 4x the budget's pages in int32
+(``locks_engine/vllm_backend/calibration.py``), which ``--budget 10**23`` overflowed once the engine had started"""
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,12 @@ def locks_config(budget: int, rank: int, dense: bool, tail: str = "none", name_p
         tail (str): the tail estimate (``LocksConfig.tail``).
         name_prefix (str): put before the field a refusal names (``--`` for command-line options).
     Raises:
-        LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting).
+        LocksChatError: a value ``LocksConfig`` refuses (its message, naming the setting), or a budget past
+            :data:`MAX_BUDGET`.
     """
+    if budget > MAX_BUDGET:
+        raise LocksChatError(f"{name_prefix}budget={budget} tokens is more than any context holds: allowed budget <= "
+                             f"{MAX_BUDGET} (a budget that covers the context reads every page)")
     try:
         return LocksConfig(budget=budget, rank=rank, dense=dense, tail=tail)
     except ValueError as err:
@@ -149,7 +156,7 @@ def _allowed(key: str, value: Any) -> str | None:
     if key == "context":
         return None if number and isinstance(value, int) and value >= MIN_CONTEXT else f"tokens, at least {MIN_CONTEXT}"
     if key in SAMPLING_KEYS:
-        return refusal(key, value)
+        return sampling_refusal(key, value)
     return None if number and isinstance(value, int) and value > 0 else "a whole number above 0"
 
 

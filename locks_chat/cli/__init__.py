@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from locks_chat.cli import options as opt
-from locks_chat.cli.exits import err_console, one_line_errors, output_not_written, print_error_json
+from locks_chat.cli.exits import ClosedStdout, err_console, one_line_errors, output_not_written, print_error_json
 from locks_chat.settings import LOCKS_DEFAULTS
 from locks_chat.signals import Terminated, raise_on_sigterm
 
@@ -184,6 +184,9 @@ def main() -> None:
     its help (exit code 0). Usage errors are caught through Typer's public ``typer.TyperException``, the base of
     the click exceptions Typer raises (Typer 0.29 carries its own copy of click)."""
     raise_on_sigterm()
+    closed = sys.stdout is None  # started with file descriptor 1 closed (``>&-``)
+    if closed:
+        sys.stdout = ClosedStdout()
     args = with_default_command(sys.argv[1:])
     sigpipe = None
     if {"--help", "-h", "--version"} & set(args):
@@ -217,5 +220,7 @@ def main() -> None:
     finally:
         if sigpipe is not None:
             signal.signal(signal.SIGPIPE, sigpipe)
+        if closed:
+            sys.stdout = None
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -50,16 +50,11 @@ def sampling_given(**values: Any) -> dict[str, Any]:
 
 
 def stdout_open() -> bool:
-    """Whether file descriptor 1 is open (``>&-`` closes it; vLLM's processes would inherit it closed too)."""
-    import os
+    """Whether the answer can be written to stdout (``locks_chat.cli.exits.stdout_writable``: ``>&-`` closes it,
+    ``1<file`` opens it for reading only; vLLM's processes would inherit it so too)."""
+    from locks_chat.cli.exits import stdout_writable
 
-    if sys.stdout is None:
-        return False
-    try:
-        os.fstat(1)
-    except OSError:
-        return False
-    return True
+    return stdout_writable()
 
 
 def write_out(text: str) -> None:
@@ -90,7 +85,8 @@ def run_ask(options: AskOptions, console: Console) -> None:
         raise LocksChatError("the question is not UTF-8 text (the terminal sent other bytes); set a UTF-8 locale "
                              "(LANG=C.UTF-8) and ask again")
     if not stdout_open():
-        raise LocksChatError("stdout is closed: the answer has nowhere to go; redirect it (> answer.txt) instead")
+        raise LocksChatError("stdout is closed or open for reading only: the answer has nowhere to go; redirect it "
+                             "(> answer.txt) instead")
     source = read_input(options.doc)
     conversation = open_conversation(source, options.follow, options.pages)
     with rich_progress(f"Reading {Path(source.source).name}", console=console) as progress:

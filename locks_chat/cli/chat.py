@@ -30,11 +30,14 @@ def run_chat(
     """
     from locks_chat.engine_client import open_tokenizer, writable_engine_log
     from locks_chat.ingest.load import check_document
+    from locks_chat.paths import path_problem
     from locks_chat.settings import load_settings
     from locks_chat.tui.app import build_app
     from locks_chat.tui.book_chat import ChatOptions
     from locks_chat.tui.terminal import engine_output_to
 
+    if (problem := path_problem(doc)) is not None:
+        raise DocumentError(f"{doc}: cannot read ({problem}); check the path")
     if doc.is_dir():
         raise DocumentError(f"{doc}: is a directory; pass a file")
     if str(doc) == "-":

@@ -13,8 +13,11 @@ stdout unwritable: those end without the object."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
+import io
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +36,36 @@ BROKEN_PIPE_EXIT_CODE = 141
 #: Exit code when the output could not be written (a full disk or quota): the command's work is lost, say so.
 OUTPUT_ERROR_EXIT_CODE = 1
 _OUTPUT_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` while file descriptor 1 is closed (``>&-``): Python then sets ``sys.stdout`` to ``None``, so
+    that ``print`` drops the output unsaid and ``sys.stdout.flush()`` is an ``AttributeError``. Writing here raises
+    ``OSError(EBADF)``, which :func:`output_not_written` says in one line; flushing does nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "stdout is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "stdout is closed")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def stdout_writable() -> bool:
+    """Whether the output can be written: ``sys.stdout`` is set and file descriptor 1 is open for writing (``>&-``
+    closes it; ``1<file`` opens it for reading only, and every write fails with ``EBADF``)."""
+    if sys.stdout is None or isinstance(sys.stdout, ClosedStdout):
+        return False
+    try:
+        flags = fcntl.fcntl(1, fcntl.F_GETFL)
+    except OSError:
+        return False
+    return flags & os.O_ACCMODE != os.O_RDONLY
 
 
 def _drop_stdout() -> None:
@@ -105,14 +138,19 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def output_not_written(err: OSError) -> int:
-    """Say in one line that stdout could not be written (a full disk, a quota) and return the exit code.
+    """Say in one line that stdout could not be written (a full disk, a quota; stdout closed or open for reading
+    only) and return the exit code.
 
     Raises:
-        OSError: ``err`` again when it is another error.
+        OSError: ``err`` again when it is another error (an ``EBADF`` too, while stdout is writable).
     """
-    if err.errno not in _OUTPUT_FULL:
+    if err.errno == errno.EBADF and not stdout_writable():
+        reason, step = "stdout is closed or open for reading only", "redirect it to a file (> out.txt)"
+    elif err.errno in _OUTPUT_FULL:
+        reason, step = err.strerror, "free space or write elsewhere"
+    else:
         raise err
     _drop_stdout()
-    err_console.print(f"[bold red]error:[/] cannot write the output ({err.strerror}); free space or write "
-                      "elsewhere, then run again", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] cannot write the output ({reason}); {step}, then run again",
+                      highlight=False, soft_wrap=True)
     return OUTPUT_ERROR_EXIT_CODE

@@ -86,8 +86,11 @@ def read_input(doc: Path) -> DocumentInput:
             piped in) or cannot be read, or it is larger than ``MAX_DOCUMENT_BYTES``.
     """
     from locks_chat.ingest.load import read_bounded, read_document_bytes
+    from locks_chat.paths import path_problem
 
     if str(doc) != "-":
+        if (problem := path_problem(doc)) is not None:
+            raise DocumentError(f"{doc}: cannot read ({problem}); check the path")
         if doc.is_fifo():  # opening it waits for a writer: say so rather than hang silently
             print(f"{' '.join(str(doc).split())}: a named pipe; waiting for data to be written to it (Ctrl+C to "
                   "stop)", file=sys.stderr, flush=True)

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from locks_chat.settings import LOCKS_DEFAULTS, MIN_CONTEXT, MIN_KV_CACHE_GIB
+from locks_chat.sampling import MAX_WHOLE
+from locks_chat.settings import LOCKS_DEFAULTS, MAX_BUDGET, MIN_CONTEXT, MIN_KV_CACHE_GIB
 from locks_engine.config import TAILS
 
 #: the smallest budget LOCKS takes: the pages every step reads (sink, recent and the last page), in tokens
@@ -109,6 +110,7 @@ Budget = Annotated[
         "--budget",
         help=f"LOCKS token budget per decode step and KV head (at least {MIN_BUDGET}: the pages every step reads).",
         min=MIN_BUDGET,
+        max=MAX_BUDGET,
     ),
 ]
 Rank = Annotated[
@@ -191,7 +193,7 @@ TopP = Annotated[
 TopK = Annotated[
     Optional[int],
     typer.Option("--top-k", help="Draw from the k most likely tokens; 0: off (default: the model's).", min=0,
-                 show_default=False),
+                 max=MAX_WHOLE, show_default=False),
 ]
 RepetitionPenalty = Annotated[
     Optional[float],
@@ -201,5 +203,5 @@ RepetitionPenalty = Annotated[
 Seed = Annotated[
     Optional[int],
     typer.Option("--seed", help="Seed of a sampled answer: the same seed, the same answer (default: 0).", min=0,
-                 show_default=False),
+                 max=MAX_WHOLE, show_default=False),
 ]

@@ -74,12 +74,22 @@ def test_an_engine_that_gives_no_defaults_is_greedy(book, monkeypatch):
 
 
 @pytest.mark.parametrize("option, value", [("--temperature", "2.5"), ("--top-p", "0"), ("--top-k", "-1"),
-                                           ("--repetition-penalty", "0"), ("--seed", "-3"), ("--top-p", "nan")])
+                                           ("--repetition-penalty", "0"), ("--seed", "-3"), ("--top-p", "nan"),
+                                           ("--seed", str(2**64)), ("--top-k", str(10**23))])
 def test_values_outside_the_ranges_are_one_line(book, monkeypatch, option, value):
-    use(monkeypatch, FakeEngine())
-    result = runner.invoke(app, ["ask", str(book), "q", option, value])
+    """A seed or top-k past 64 bits too: vLLM's msgpack cannot send it to the engine core (a traceback, after the
+    engine had started)."""
+    engine = use(monkeypatch, FakeEngine())
+    result = runner.invoke(app, ["ask", str(book), "q", "--temperature", "0.7", option, value])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert option in result.output
+    assert option in result.output and engine.samplings == []
+
+
+def test_the_largest_seed_and_top_k_are_taken(book, monkeypatch):
+    engine = use(monkeypatch, FakeEngine(answer="In 1987 (p. 1)."))
+    biggest = str(2**63 - 1)
+    ask_json(book, "--temperature", "0.7", "--seed", biggest, "--top-k", biggest)
+    assert engine.samplings[0].seed == engine.samplings[0].top_k == 2**63 - 1
 
 
 def test_a_looping_answer_is_stopped_and_said_so(book, monkeypatch):
@@ -144,3 +154,15 @@ def test_bad_sampling_values_in_the_settings_file_are_one_line_each(user_home):
     assert len(warnings) == 4 and all(w.startswith(f"{path}: ") and "\n" not in w for w in warnings)
     for key in ("temperature = 5", "top_k = 1.5", "repetition_penalty = -1", "seed = 'x'"):
         assert any(key in w for w in warnings), key
+
+
+def test_a_seed_or_top_k_past_64_bits_in_the_settings_file_is_ignored_with_a_warning(user_home):
+    from locks_chat.paths import settings_path
+
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"seed = {2**64}\ntop_k = {2**63}\ntemperature = 0.5\n")
+    settings, warnings = load_settings()
+    assert settings.sampling_overrides() == {"temperature": 0.5}
+    assert warnings == [f"{path}: {key} = {value} is not allowed (a whole number from 0 to {2**63 - 1}); using the "
+                        "default" for key, value in (("seed", 2**64), ("top_k", 2**63))]

@@ -62,6 +62,18 @@ def test_range_advice_uses_physical_numbers_for_hyphenated_labels():
     assert parse_page_range(advice, labels) == list(range(fit)), "the advice selects the first pages of the file"
 
 
+@pytest.mark.parametrize("labels, advice", [(["1", "2", "3"], "--pages 1"), (["T-1", "T-2", "1"], "--pages #1")],
+                         ids=["label", "hyphenated-label"])
+def test_advice_for_one_page_names_that_page(labels, advice):
+    """Not ``about 1 pages (e.g. --pages 1-1)``: one page, and a --pages value that selects it."""
+    doc = make_doc([" ".join(["word"] * 300)] * 3, labels)
+    prompt = build_prompt(WordTokenizer(), doc, ["q"])
+    with pytest.raises(ContextError) as err:
+        check_fits(prompt, doc, 1100, 256)
+    assert f"pass --pages with about 1 page (e.g. {advice})," in err.value.message
+    assert parse_page_range(advice.removeprefix("--pages "), labels) == [0]
+
+
 def test_advice_counts_each_pages_tokens_not_the_average():
     """A long first page and short later ones: no prefix fits, the shorter pages do, and the advice says so
     (naming the shortest); when not even the shortest page fits, the largest --max-tokens that leaves room for

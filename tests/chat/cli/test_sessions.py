@@ -434,8 +434,11 @@ def test_a_bad_settings_file_gives_defaults_and_a_warning(text, warning):
 @pytest.mark.parametrize(
     "text, kept, warning",
     [("rank = 99\nbudget = 512\n", {"budget": 512, "rank": 8}, "rank = 99 refused"),
-     ("budget = 16\nrank = 4\n", {"budget": 2048, "rank": 4}, "budget = 16 refused")],
-    ids=["rank-past-page", "budget-under-forced-pages"],
+     ("budget = 16\nrank = 4\n", {"budget": 2048, "rank": 4}, "budget = 16 refused"),
+     # the backend's int32 superpage count overflowed at such a budget, in the engine, after its start
+     ("budget = 99999999999999999999999\nrank = 4\n", {"budget": 2048, "rank": 4},
+      "refused (budget=99999999999999999999999 tokens is more than any context holds: allowed budget <= 16777216")],
+    ids=["rank-past-page", "budget-under-forced-pages", "budget-past-any-context"],
 )
 def test_a_locks_value_the_engine_refuses_falls_back_to_its_default_naming_the_file(text, kept, warning):
     settings_path().parent.mkdir(parents=True)
@@ -451,6 +454,10 @@ def test_settings_locks_refuses_are_user_errors():
 
     with pytest.raises(LocksChatError, match="rank=20"):
         Settings(rank=20)
+    # ``/budget N`` in the chat app: ``with_overrides``
+    with pytest.raises(LocksChatError, match="budget=16777217 tokens is more than any context holds"):
+        Settings().with_overrides(budget=2**24 + 1)
+    assert Settings().with_overrides(budget=2**24).locks.budget == 2**24
 
 
 @pytest.mark.parametrize(

