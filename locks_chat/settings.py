@@ -17,7 +17,7 @@ from typing import Any
 from locks_chat.errors import LocksChatError
 from locks_chat.paths import settings_path
 from locks_chat.sampling import SAMPLING_KEYS, sampling_refusal
-from locks_engine.config import TAILS, LocksConfig
+from locks_engine.config import MAX_BUDGET, TAILS, LocksConfig
 
 LOCKS_DEFAULTS = LocksConfig()
 """the engine's LOCKS defaults: those of the settings and of the command line's options"""
@@ -25,10 +25,6 @@ LOCKS_DEFAULTS = LocksConfig()
 #: the smallest ``--context`` (tokens) and ``--kv-cache-gib`` the command line and the settings file take
 MIN_CONTEXT = 256
 MIN_KV_CACHE_GIB = 0.1
-MAX_BUDGET = 2**24
-"""the largest LOCKS budget the app takes (tokens): past any model's context, and a budget that covers the context
-reads every page already; the backend keeps superpage counts of up to 4x the budget's pages in int32
-(``locks_engine/vllm_backend/calibration.py``), which ``--budget 10**23`` overflowed once the engine had started"""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ SELECTIONS = ("flat", "two-level", "oracle")
 #: What the pages a step does not read contribute (``locks_engine/ops/tail.py``): nothing, or their estimated mass
 #: times their mean value vector, kept in int8 or bf16.
 TAILS = ("none", "int8", "bf16")
+#: the largest ``LocksConfig.budget`` (tokens): past any model's context (a budget that covers the context reads every
+#: page already); the backend keeps superpage counts of up to 4x the budget's pages in int32
+#: (``vllm_backend/calibration.py``), which a budget of 10**23 overflowed inside a running engine
+MAX_BUDGET = 2**24
 #: ``LocksConfig.candidates`` that calibrates each layer's ``c`` by itself (``ops/calibration.py``)
 AUTO_CANDIDATES = "auto"
 
@@ -75,6 +79,9 @@ class LocksConfig:
         _check_int("page_size", self.page_size, 1)
         _check_int("rank", self.rank, 1)
         _check_int("budget", self.budget, 1)
+        if self.budget > MAX_BUDGET:
+            raise ValueError(f"LocksConfig.budget={self.budget}: allowed an integer <= {MAX_BUDGET} (tokens; a budget "
+                             "that covers the context reads every page)")
         _check_int("sink_pages", self.sink_pages, 0)
         _check_int("recent_pages", self.recent_pages, 0)
         if self.rank > self.page_size:

@@ -29,6 +29,8 @@ BAD = {
     "format": ({"summary_format": "int2"}, r"summary_format='int2'.*float, paper, colwise, chanlog, colwise8"),
     "dense_str": ({"dense": "yes"}, r"dense='yes'"),
     "budget_below_forced": ({"budget": 32}, r"budget=32.*allowed budget >= 48"),
+    # past any context: the backend's int32 superpage counts overflowed inside a running engine (vllm serve too)
+    "budget_past_any_context": ({"budget": 10**23}, r"budget=100000000000000000000000: allowed an integer <= 16777216"),
 }
 
 
