@@ -109,13 +109,15 @@ def resolve_model(name_or_path: str | None, cache_dir: str | Path | None = None)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelPathError(f"{path} is a directory but not a Hugging Face model (no config.json in it)")
+            raise ModelPathError(f"{path} is a directory but not a Hugging Face model (no config.json in it): pass "
+                                 f"the directory that holds config.json, or a built-in model ({_builtin_list()})")
         stay_offline()
         return path
     if path.is_file():
         raise ModelPathError(f"{path} is a file: pass a Hugging Face model directory or a hub id (org/name)")
     if _looks_local(name_or_path):
-        raise ModelPathError(f"no such model directory: {path}")
+        raise ModelPathError(f"no such model directory: {path}; check the path, or pass a built-in model "
+                             f"({_builtin_list()})")
     _require_hub_model(name_or_path)
     return name_or_path
 
@@ -207,3 +209,10 @@ def _factors(rope: object) -> list[float]:
         return []
     found = [rope["factor"]] if _is_number(rope.get("factor")) else []
     return found + [f for value in rope.values() for f in _factors(value)]
+
+
+def _builtin_list() -> str:
+    """``qwen0.5b, smollm2``: the built-in models' short names, for a refusal's next step."""
+    from locks_engine.builtin_models import BUILTIN_MODELS
+
+    return ", ".join(m.name for m in BUILTIN_MODELS)

@@ -93,9 +93,10 @@ def test_unreachable_hub_id_fails_at_once(monkeypatch):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda p: p.mkdir(), "not a Hugging Face model"),
+        (lambda p: p.mkdir(), "not a Hugging Face model .*: pass the directory that holds config.json, or a "
+                              "built-in model \\(smollm2, qwen0.5b\\)"),
         (lambda p: p.write_text("x"), "is a file"),
-        (lambda p: None, "no such model directory"),
+        (lambda p: None, "no such model directory: .*; check the path, or pass a built-in model \\(smollm2"),
     ],
     ids=["dir_without_config", "file", "missing_path"],
 )
