@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from locks_engine import LocksConfig
+from locks_engine.config import MAX_BUDGET
 from locks_engine.ops import select_pages
 from locks_engine.ops.select import every_page, forced_page_mask, group_mass_shares, reads_every_page
 
@@ -89,10 +90,11 @@ def test_all_minus_inf_scores_still_select_forced_pages():
     assert torch.equal(selected[0, 0], torch.tensor([0, 18, 19]))
 
 
-@pytest.mark.parametrize("budget", [64 * 16, 10**12])
+@pytest.mark.parametrize("budget", [64 * 16, MAX_BUDGET])
 def test_budget_past_the_block_table_reads_every_page_in_pmax_slots(budget):
     """A budget at or past the pages the block table spans reads every page, in ``Pmax`` slots (not ``budget``
-    slots: a huge budget must cost what dense attention does, and allocate nothing of its size)."""
+    slots: the largest budget ``LocksConfig`` takes must cost what dense attention does, and allocate nothing of its
+    size)."""
     seq_lens = torch.tensor([37 * 16 + 5, 12 * 16])
     scores = torch.randn(2, 4, 40)
     selected = select_pages(scores, seq_lens, num_kv_heads=2, cfg=LocksConfig(budget=budget))
