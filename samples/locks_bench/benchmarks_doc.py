@@ -154,11 +154,14 @@ def fidelity_rows(doc: dict) -> list[list[str]]:
     return out
 
 
-def readme_table(results: Path) -> list[str]:
-    """The README's results table (one row per headline number)."""
+def readme_table(results: Path, current: bool = False) -> list[str]:
+    """The headline table (one row per headline number): BENCHMARKS.md's; ``current`` (the README's): the flat
+    scan's end-to-end rows only where the default selection has none (``e2e_default.json`` missing)."""
     rows = []
-    sources = (("e2e_default.json", lambda doc: e2e_rows(doc, "default: two-level, `c` calibrated")),
-               ("e2e.json", lambda doc: e2e_rows(doc, "flat scan")), ("fidelity.json", fidelity_rows))
+    sources = [("e2e_default.json", lambda doc: e2e_rows(doc, "default: two-level, `c` calibrated")),
+               ("e2e.json", lambda doc: e2e_rows(doc, "flat scan")), ("fidelity.json", fidelity_rows)]
+    if current and (results / "e2e_default.json").is_file():
+        sources.pop(1)
     for name, fn in sources:
         if (results / name).is_file():
             rows += fn(json.loads((results / name).read_text()))
@@ -167,7 +170,7 @@ def readme_table(results: Path) -> list[str]:
 
 
 def rewrite_readme(text: str, results: Path) -> str:
-    """``text`` with the part between the results markers replaced by :func:`readme_table`.
+    """``text`` with the part between the results markers replaced by :func:`readme_table` (``current``).
 
     Raises:
         ValueError: the markers are missing."""
@@ -175,4 +178,4 @@ def rewrite_readme(text: str, results: Path) -> str:
         raise ValueError(f"README has no {START} ... {END} markers")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    return head + START + "\n" + "\n".join(readme_table(results)) + "\n" + END + tail
+    return head + START + "\n" + "\n".join(readme_table(results, current=True)) + "\n" + END + tail
