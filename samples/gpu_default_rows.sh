@@ -22,11 +22,13 @@ set -euo pipefail
 STAGE=${1:?usage: gpu_default_rows.sh glm-flash|glm-default|flash|default|kernels|flat|tail OUT}
 OUT=${2:?usage: gpu_default_rows.sh glm-flash|glm-default|flash|default|kernels|flat|tail OUT}
 BATCH=${BATCH-131072:3}
+# GLM depths: LAYERS=8 alone saves a short device budget the 2-layer engine (host-bound there, so no fit from it)
+LAYERS=${LAYERS-2,8}
 KERNELS=${KERNELS:-$(git rev-parse --short HEAD 2>/dev/null || echo local)}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 glm() {
-  python3 samples/bench_e2e.py --shape glm4-9b-1m --layers 2,8 --contexts 1048576 --backends "$1" \
+  python3 samples/bench_e2e.py --shape glm4-9b-1m --layers "$LAYERS" --contexts 1048576 --backends "$1" \
     --candidates auto --kernels "$KERNELS" --no-prefix-walk --reps 3 --profile-steps 64 \
     --timeout 575 --total-s 580 --time-limit 540 --out "$OUT/glm" 2>&1 | tail -12
 }
