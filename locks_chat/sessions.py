@@ -10,13 +10,16 @@ answer ends or is stopped). Every write is its own committed transaction (WAL jo
 lost.
 Each call opens its own connection: the store is safe to use from worker threads. A database that cannot be read
 or written (not SQLite, corrupt, in a directory that cannot be written) raises :class:`SessionStoreError`; the file
-is never removed or rewritten then. The records, and how paths and text are stored: :mod:`locks_chat.session_records`.
+is never removed or rewritten then. A database a failed first ``ask`` created and left without a session is
+removed (:meth:`SessionStore.removed_unless_used`). The records, and how paths and text are stored:
+:mod:`locks_chat.session_records`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -72,8 +75,22 @@ class SessionStore:
     def __init__(self, path: str | Path | None = None, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else data_dir() / "sessions.sqlite"
         self.read_only = read_only
+        self.created: list[Path] = []
+        """what opening the store created: the database file, then the folders made for it, innermost first
+        (:meth:`removed_unless_used`)"""
         if read_only:
             return
+        created = [path for path in (self.path, *self.path.parents) if not os.path.exists(path)]
+        with self._db() as db:
+            db.executescript(SCHEMA)
+        self.created = [path for path in created if os.path.exists(path)]
+
+    def _make_parent(self) -> None:
+        """Create the data directory when it is missing.
+
+        Raises:
+            SessionStoreError: it cannot be created (a file in the way, a parent that cannot be written).
+        """
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -83,8 +100,37 @@ class SessionStore:
                 f"{self.path.parent}: cannot create the data directory ({err.strerror or exception_reason(err)}); "
                 f"{fix} or set {HOME_ENV} to a writable directory"
             ) from None
-        with self._db() as db:
-            db.executescript(SCHEMA)
+
+    @contextlib.contextmanager
+    def removed_unless_used(self) -> Iterator[None]:
+        """Remove what opening the store created (:attr:`created`) when the block fails before a session is saved:
+        a first ``ask`` that fails (a document that cannot be read, an option refused once the store is open)
+        leaves no empty database behind. A database that existed before is never removed, nor one that holds a
+        session or that another process has open (its ``-wal`` file exists while it does); the folders go only
+        when empty. Raises what the block raised."""
+        try:
+            yield
+        except BaseException:
+            self._remove_if_unused()
+            raise
+
+    def _remove_if_unused(self) -> None:
+        """:meth:`removed_unless_used`'s removal; a database that cannot be read or removed is kept, silently
+        (the block's own error is the one to say)."""
+        if not self.created or self.created[0] != self.path:
+            return
+        try:
+            with self._db() as db:
+                if db.execute("SELECT EXISTS (SELECT 1 FROM sessions)").fetchone()[0]:
+                    return
+            if self.path.with_name(self.path.name + "-wal").exists():
+                return
+            self.path.unlink()
+            self.path.with_name(self.path.name + "-shm").unlink(missing_ok=True)
+            for folder in self.created[1:]:
+                folder.rmdir()
+        except (OSError, sqlite3.Error, SessionStoreError):
+            pass
 
     @classmethod
     def existing(cls, path: str | Path | None = None, read_only: bool = False) -> SessionStore | None:
@@ -125,11 +171,18 @@ class SessionStore:
             return self._connect_read_only()
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
+            # a new database, or one removed since this store opened it (another process's first ask failed:
+            # :meth:`removed_unless_used`): its folder and its tables are made first
+            gone = not os.path.exists(self.path)
+            if gone:
+                self._make_parent()
             db = sqlite3.connect(self.path, timeout=LOCK_WAIT_S)
             try:
                 if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA foreign_keys=ON")
+                if gone:
+                    db.executescript(SCHEMA)
                 return db
             except sqlite3.OperationalError as err:
                 db.close()

@@ -7,7 +7,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -15,6 +15,10 @@ from locks_chat.cli.followup import FollowUp
 from locks_chat.errors import Cancelled, LocksChatError, is_text
 from locks_chat.signals import release_held_interrupts
 from locks_engine.config import LocksConfig
+
+if TYPE_CHECKING:
+    from locks_chat.cli.followup import DocumentInput
+    from locks_chat.conversation import Conversation
 
 
 @dataclass(frozen=True)
@@ -69,16 +73,10 @@ def run_ask(options: AskOptions, console: Console) -> None:
     ``doc`` ``-`` reads standard input; ``follow`` continues a saved session (``locks_chat.cli.followup``), and
     the question and answer are saved as a turn of it (or of a new session).
     """
-    from locks_chat.attention import Attention
-    from locks_chat.citations import UNSUPPORTED_TEXT, report_check
-    from locks_chat.cli.followup import cache_note, conversation_json, open_conversation, read_input, session_note
-    from locks_chat.engine_client import open_engine, open_tokenizer
-    from locks_chat.ingest import rich_progress
-    from locks_chat.reading import most_read_text, tail_text
-    from locks_chat.sampling import answer_sampling, sampling_text
+    from locks_chat.cli.followup import open_conversation, read_input
+    from locks_chat.sessions import SessionStore
 
-    question, max_tokens = options.question, options.max_tokens
-
+    question = options.question
     if not question.strip():
         raise LocksChatError("the question is empty: ask something, e.g. \"Who is the narrator?\"")
     if not is_text(question):
@@ -88,7 +86,24 @@ def run_ask(options: AskOptions, console: Console) -> None:
         raise LocksChatError("stdout is closed or open for reading only: the answer has nowhere to go; redirect it "
                              "(> answer.txt) instead")
     source = read_input(options.doc)
-    conversation = open_conversation(source, options.follow, options.pages)
+    store = SessionStore()
+    # a first ask that fails leaves no empty sessions database behind
+    with store.removed_unless_used():
+        _answer(options, console, source, open_conversation(source, options.follow, options.pages, store))
+
+
+def _answer(options: AskOptions, console: Console, source: DocumentInput, conversation: Conversation) -> None:
+    """:func:`run_ask` once the document is read and its conversation found: load, check the fit, start the
+    engine, stream the answer (saved as a turn of ``conversation``), report."""
+    from locks_chat.attention import Attention
+    from locks_chat.citations import UNSUPPORTED_TEXT, report_check
+    from locks_chat.cli.followup import cache_note, conversation_json, session_note
+    from locks_chat.engine_client import open_engine, open_tokenizer
+    from locks_chat.ingest import rich_progress
+    from locks_chat.reading import most_read_text, tail_text
+    from locks_chat.sampling import answer_sampling, sampling_text
+
+    question, max_tokens = options.question, options.max_tokens
     with rich_progress(f"Reading {Path(source.source).name}", console=console) as progress:
         document = source.load(options.password, conversation.pages, progress=progress)
     for warning in document.warnings:
