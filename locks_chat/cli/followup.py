@@ -83,7 +83,8 @@ def read_input(doc: Path) -> DocumentInput:
 
     Raises:
         DocumentError: the file cannot be read (as ``load_document`` says), standard input is a terminal (nothing
-            piped in) or cannot be read, or it is larger than ``MAX_DOCUMENT_BYTES``.
+            piped in), closed or cannot be read, or it is larger than ``MAX_DOCUMENT_BYTES``. (Standard input that
+            is a directory stops Python itself before the app runs: ``Fatal Python error: init_sys_streams``.)
     """
     from locks_chat.ingest.load import read_bounded, read_document_bytes
     from locks_chat.paths import path_problem
@@ -97,7 +98,9 @@ def read_input(doc: Path) -> DocumentInput:
         return DocumentInput(read_document_bytes(doc), str(doc), doc)
     stdin = sys.stdin
     if stdin is None or stdin.isatty():
-        raise DocumentError('-: standard input is a terminal: pipe the document in, e.g. cat notes.md | '
+        # ``<&-`` closes it: Python then sets ``sys.stdin`` to None
+        state = "closed" if stdin is None else "a terminal"
+        raise DocumentError(f'-: standard input is {state}: pipe the document in, e.g. cat notes.md | '
                             'locks-chat ask - "What is it about?"')
     try:
         data = read_bounded(getattr(stdin, "buffer", stdin), STDIN_SOURCE)

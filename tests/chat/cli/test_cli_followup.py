@@ -311,6 +311,12 @@ def test_a_terminal_on_stdin_is_refused(monkeypatch):
         read_input(Path("-"))
 
 
+def test_a_closed_stdin_is_refused(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)  # what ``<&-`` gives
+    with pytest.raises(DocumentError, match="standard input is closed: pipe the document in"):
+        read_input(Path("-"))
+
+
 def test_help_names_the_follow_up_options():
     result = runner.invoke(app, ["ask", "--help"])
     assert result.exit_code == 0
