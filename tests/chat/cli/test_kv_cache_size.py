@@ -25,7 +25,8 @@ def test_a_kv_cache_of_the_machines_memory_or_more_is_refused_on_the_cpu(gib, re
                                  "KV cache and the model; pass less (default: 1)")
 
 
-@pytest.mark.parametrize("gib, refused", [(6, False), (7, True), (15, True)], ids=["all-available", "more", "below-total"])
+@pytest.mark.parametrize("gib, refused", [(6, False), (7, True), (15, True)],
+                         ids=["all-available", "more", "below-total"])
 def test_a_kv_cache_above_the_memory_available_now_is_refused_on_the_cpu(gib, refused, monkeypatch):
     monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
     monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
