@@ -184,19 +184,48 @@ def _chunk_topk(
 
 
 @triton.jit
-def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, stride_os, stride_oh, NCHUNK, K,
-                       KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
-                       K_DEV: tl.constexpr):
-    i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    o_n = tl.arange(0, NP)
-    base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
-    keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
-    pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
-    take, slot, n_taken = _take_top(keys, _budget(k_ptr, K, K_DEV), NT, ROUNDS)
+def _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP: tl.constexpr, NT: tl.constexpr,
+                 ROUNDS: tl.constexpr):
+    """The top ``k`` of ``keys`` (candidates in page order) written as pages ascending, ``-1`` past them."""
+    take, slot, n_taken = _take_top(keys, k, NT, ROUNDS)
     p_out = out_ptr + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + slot, pages.to(tl.int64), mask=take)
     o_k = tl.arange(0, KP)
     tl.store(p_out + o_k, tl.full([KP], -1, tl.int64), mask=(o_k >= n_taken) & (o_k < K))
+
+
+@triton.jit
+def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, live_ptr, stride_os, stride_oh, NCHUNK, K,
+                       SLOTS_PER_PART, KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
+                       K_DEV: tl.constexpr, LIVE: tl.constexpr, TP: tl.constexpr, SMALL: tl.constexpr):
+    """Top ``k`` over the ``NCHUNK`` parts' candidates (each part's at most ``min(k, KP)`` at the start of its
+    ``KP`` slots, zeros after). With ``SMALL``, when the live candidates fit ``SMALL`` slots (the live budget ``k``
+    read on the device, and with ``LIVE`` only the parts that hold listed slots: ``live_ptr`` tiles of ``TP``
+    pages, ``SLOTS_PER_PART`` slots a part), they are gathered compacted, still in page order, and searched at
+    that width instead of ``NCHUNK * KP``: a calibrated layer's small ``c`` searches its own candidates, not the
+    capacity's (one kernel, the branch taken on the device, so a CUDA graph holds either)."""
+    i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
+    k = _budget(k_ptr, K, K_DEV)
+    small = False
+    per = tl.maximum(tl.minimum(k, KP), 1)
+    parts = NCHUNK
+    if SMALL > 0:
+        if LIVE:
+            parts = tl.minimum((tl.load(live_ptr) * TP + SLOTS_PER_PART - 1) // SLOTS_PER_PART, NCHUNK)
+        small = parts * per <= SMALL
+    if small:
+        o_m = tl.arange(0, SMALL)
+        valid = o_m < parts * per
+        idx = (o_m // per) * KP + o_m % per
+        keys = tl.load(cand_key_ptr + base + idx, mask=valid, other=0)
+        pages = tl.load(cand_page_ptr + base + idx, mask=valid, other=0)
+        _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP, NT, ROUNDS)
+    else:
+        o_n = tl.arange(0, NP)
+        keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
+        pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
+        _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP, NT, ROUNDS)
 
 
 @triton.jit
@@ -226,6 +255,9 @@ CHUNK = 1024
 #: largest candidate count one merge program searches before a group pass is added: one program's search over
 #: many more candidates costs more than the extra launch
 MAX_MERGE_KEYS = 2048
+#: with a live budget or live listed slots (a calibrated layer's ``c`` as data), the merge gathers the live
+#: candidates compacted and searches them at this width when they fit (0: always the capacity's width)
+MERGE_SMALL = 512
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
 #: the chunk pass loads a group's query heads as one block of up to this many scores (``[GB, C]``): one memory
@@ -263,7 +295,7 @@ def _warps(n: int) -> int:
 
 
 def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out, tiles,
-                budget_live=None):
+                budget_live=None, live_tiles=None):
     seqs, num_q_heads, pmax = scores.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1, "scores must be fp32, contiguous along pages"
@@ -278,6 +310,9 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
         return every_page(seq_lens, num_kv_heads, pmax, page_size, out)
     if budget_live is not None:
         assert budget_live.dtype == torch.int32 and budget_live.numel() == 1, "budget_live: int32 [1]"
+    if live_tiles is not None:
+        assert tiles is not None, "live_tiles counts listed tiles: pass tiles"
+        assert live_tiles.dtype == torch.int32 and live_tiles.numel() == 1, "live_tiles: int32 [1]"
     kp = triton.next_power_of_2(slots)
     chunk, group = _plan(pmax, kp)
     nchunk = triton.cdiv(pmax, chunk)
@@ -364,20 +399,26 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
             num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
+    live = budget_live is not None or live_tiles is not None
     _merge_topk_kernel[(num_kv_heads, seqs)](
         cand_key,
         cand_page,
         out,
         out if budget_live is None else budget_live,
+        out if live_tiles is None else live_tiles,
         out.stride(0),
         out.stride(1),
         nchunk,
         slots,
+        chunk * (group or 1),
         KP=kp,
         NP=triton.next_power_of_2(nchunk * kp),
         NT=SEARCH_ARITY,
         ROUNDS=SEARCH_ROUNDS,
         K_DEV=budget_live is not None,
+        LIVE=live_tiles is not None,
+        TP=TILE_PAGES,
+        SMALL=MERGE_SMALL if live and MERGE_SMALL < nchunk * kp else 0,
         num_warps=_warps(nchunk * kp),
     )
     return out
@@ -394,6 +435,7 @@ def select_pages(
     out: Tensor | None = None,
     tiles: Tensor | None = None,
     budget_live: Tensor | None = None,
+    live_tiles: Tensor | None = None,
 ) -> Tensor:
     """Pick the pages each KV head reads this step (paper Section 3.3), as ``locks_engine.ops.select_pages``.
 
@@ -418,13 +460,16 @@ def select_pages(
         budget_live (Tensor | None): int32 `[1]` on the device: the pages taken, at most ``K`` (read by the
             kernels, so a CUDA graph takes a new value without capture; the output keeps ``K`` slots, ``-1``
             past what was taken; a budget of at least ``Pmax`` is then ranked too). None takes ``K``.
+        live_tiles (Tensor | None): with ``tiles``, int32 `[1]` on the device: only the first ``live_tiles[0]``
+            tiles are listed (the rest ``-1``), so the merge searches only the chunks that hold them
+            (:data:`MERGE_SMALL`). The selection is the same with or without it.
     Returns:
         Tensor: int64 `[S, H, min(K, Pmax)]` logical page indices in ascending order, ``-1`` in unused slots.
     Raises:
         AssertionError: on shapes, strides or dtypes the kernels do not take.
     """
     return _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pages, recent_pages, out,
-                       tiles, budget_live)
+                       tiles, budget_live, live_tiles)
 
 
 def every_page(seq_lens: Tensor, num_kv_heads: int, pmax: int, page_size: int, out: Tensor | None = None) -> Tensor:

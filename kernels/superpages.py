@@ -194,5 +194,5 @@ def select_two_level(
     scores = score_pages(q, summaries, block_table, seq_lens, page_size, block_size, scale, tiles=chosen,
                          live_tiles=live)
     selected = select_pages(scores, seq_lens, heads, budget_pages, page_size, sink_pages, recent_pages, out=out,
-                            tiles=chosen)
+                            tiles=chosen, live_tiles=live)
     return selected, chosen

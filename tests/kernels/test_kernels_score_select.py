@@ -6,6 +6,7 @@ import torch
 
 import locks_kernels as lk
 from locks_engine import LocksConfig
+from locks_engine.config import MAX_BUDGET
 from locks_engine.ops import build_cache_summaries, score_pages, select_pages
 from locks_engine.ops.select import forced_page_mask, group_mass_shares
 from tests.support.helpers import assert_close, make_scenario
@@ -139,7 +140,7 @@ SELECT_CASES = {
     "budget_at_pages": ([16 * 10, 16 * 10], 10, 160),
     "budget_past_pages": ([40, 5], 70, 160),
     "budget_at_pmax": ([1000, 333], 70, 16 * 70),
-    "budget_past_pmax": ([1000, 5], 70, 10**12),
+    "budget_past_pmax": ([1000, 5], 70, MAX_BUDGET),
     "one_token": ([1, 16 * 70], 70, 160),
     "many_chunks": ([16 * 5000 - 3, 16 * 3000], 5000, 2048),
 }

@@ -180,6 +180,65 @@ def test_listed_selection_in_one_program_is_the_chunked_one(monkeypatch, groups,
         assert torch.equal(looped, select_candidate_pages(ref, pages, sc.seq_lens, 2, cfg))
 
 
+@pytest.mark.parametrize("small", [8, 32, 64], ids=lambda m: f"small{m}")
+@pytest.mark.parametrize("groups", [1, 7])
+@pytest.mark.parametrize("budget_live", [None, 3], ids=["k", "live3"])
+def test_the_merge_over_the_live_candidates_is_the_capacity_wide_merge(monkeypatch, groups, small, budget_live):
+    """``select.MERGE_SMALL``: with live listed tiles (``live_tiles``) or a live budget, the merge gathers the live
+    chunks' candidates compacted and searches them at that width. It selects exactly what the merge over every
+    chunk's slots selects (ties across chunks included), whether the live candidates fit the small width (8
+    does not hold 3 chunks x 5 pages; 32 and 64 do) or not, and what ops selects."""
+    from locks_kernels import select
+
+    sc, store, sp = _setup([16 * 70 + 3, 16 * 33, 16 * 2 + 1], groups, seed=7)
+    # at most 3 tiles listed in any row (live_tiles = 3), 5 slots: tiles 3 and 4 are past the live ones
+    chosen = torch.tensor([[[0, 2, 4, -1, -1], [1, 3, 4, -1, -1]], [[0, 1, 2, -1, -1], [0, 2, -1, -1, -1]],
+                           [[0, -1, -1, -1, -1], [0, -1, -1, -1, -1]]])
+    pages = candidate_pages(chosen, sc.seq_lens, 16)
+    ref = score_candidate_pages(sc.q, store, sc.block_table, sc.seq_lens, pages, 16, sc.block_size)
+    ref[0, :, 10:40] = 0.25  # ties across chunk borders
+    cfg = LocksConfig(budget=16 * 5, sink_pages=1, recent_pages=1)
+    live_tiles = torch.tensor([3], dtype=torch.int32, device=DEVICE)
+    k_live = None if budget_live is None else torch.tensor([budget_live], dtype=torch.int32, device=DEVICE)
+    monkeypatch.setattr(select, "CHUNK", 16)
+    monkeypatch.setattr(select, "LISTED_ONE_PROGRAM", False)
+
+    def run(merge_small, live):
+        monkeypatch.setattr(select, "MERGE_SMALL", merge_small)
+        out = poisoned((3, 2, cfg.budget_pages), torch.int64)
+        lk.select_pages(ref.to(DEVICE), on_device(sc).seq_lens, 2, cfg.budget_pages, 16, cfg.sink_pages,
+                        cfg.recent_pages, out=out, tiles=chosen.to(DEVICE), budget_live=k_live, live_tiles=live)
+        return out.cpu()
+
+    wide = run(0, None)
+    assert torch.equal(run(small, live_tiles), wide)
+    assert torch.equal(run(small, None), wide)
+    if budget_live is None:
+        assert torch.equal(wide, select_candidate_pages(ref, pages, sc.seq_lens, 2, cfg))
+    else:
+        assert ((wide >= 0).sum(-1) <= budget_live).all()
+
+
+@pytest.mark.parametrize("small", [0, 512], ids=lambda m: f"small{m}")
+def test_two_level_with_c_as_data_is_the_same_with_the_live_merge(monkeypatch, small):
+    """The calibrated path (``select_two_level(live=)``) selects the static ``c``'s pages with the live merge on
+    or off (chunks short enough that both the superpage and the page selection merge)."""
+    from locks_kernels import select
+
+    monkeypatch.setattr(select, "CHUNK", 16)
+    monkeypatch.setattr(select, "MERGE_SMALL", small)
+    sc, store, sp = _setup([16 * 16 * 7 + 9, 16 * 40], 4, seed=8)
+    cfg = LocksConfig(budget=16 * 6, sink_pages=1, recent_pages=1)
+    dev = on_device(sc)
+    args = (dev.q, summaries_on_device(store), sp.to(DEVICE), dev.block_table, dev.seq_lens, 16, sc.block_size,
+            cfg.budget_pages, cfg.sink_pages, cfg.recent_pages)
+    static, _ = lk.select_two_level(*args, 2)
+    live = torch.tensor([lk.superpage_slots(cfg.budget_pages, cfg.sink_pages, cfg.recent_pages, 2)],
+                        dtype=torch.int32, device=DEVICE)
+    got, _ = lk.select_two_level(*args, 32, live=live)
+    assert torch.equal(got.cpu(), static.cpu())
+
+
 @pytest.mark.parametrize("groups", [1, 7])
 def test_the_page_summary_kernel_builds_the_completed_superpage_too(groups):
     """``build_completed_page_summaries(superpages=)`` (one launch) writes the summaries and superpage centroids
