@@ -256,8 +256,10 @@ CHUNK = 1024
 #: many more candidates costs more than the extra launch
 MAX_MERGE_KEYS = 2048
 #: with a live budget or live listed slots (a calibrated layer's ``c`` as data), the merge gathers the live
-#: candidates compacted and searches them at this width when they fit (0: always the capacity's width)
-MERGE_SMALL = 512
+#: candidates compacted and searches them at this width when they fit (0: always the capacity's width). Off until
+#: timed on a GPU (tested in the interpreter against the capacity-wide merge): 512 is the setting to time, for the
+#: 41 us of merges a GLM 1M layer spends in the engine (``NOTES.md``, in the engine at GLM 1M)
+MERGE_SMALL = 0
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
 #: the chunk pass loads a group's query heads as one block of up to this many scores (``[GB, C]``): one memory
