@@ -381,7 +381,13 @@ def main() -> None:
                     "capacity c (candidates=\"auto\": 32)")
     ap.add_argument("--select-chunks", default="", help="comma-separated pages per first-pass program of the "
                     "flat selection: time the decode step with each (select_chunks.json), then stop")
+    ap.add_argument("--merge-small", type=int, default=None, help="select.MERGE_SMALL for every timing: the "
+                    "width at which the merge searches a calibrated layer's live candidates (0 = the capacity's)")
     args = ap.parse_args()
+    if args.merge_small is not None:
+        from locks_kernels import select
+
+        select.MERGE_SMALL = args.merge_small
     changed = {k: v for k, v in vars(args).items() if k != "out" and v != ap.get_default(k)}
     command = "python samples/bench_kernels.py" + "".join(
         f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in changed.items())

@@ -11,6 +11,7 @@
 #   bash samples/gpu_default_rows.sh kernels OUT       # one layer's step at GLM 1M, Llama 128K and 256K (~2 min)
 #   bash samples/gpu_default_rows.sh flat OUT          # the flat scan, the Llama cells (~5 min)
 #   bash samples/gpu_default_rows.sh tail OUT          # the flat scan with the int8 tail, 128K and 256K batch 1
+#   bash samples/gpu_default_rows.sh merge-small OUT   # bench_kernels with the live merge on, then off (~2 min)
 # then, from the files the machine sent back:
 #   python samples/bench_e2e.py --summarize OUT/glm OUT/llama --json e2e.json
 #   python samples/profile_layers.py OUT/glm/result-*.json
@@ -19,8 +20,8 @@
 # request's prefill step and calibration. Every engine's --time-limit leaves its cells room after a warm start;
 # --total-s leaves 120 s for the engine in flight.
 set -euo pipefail
-STAGE=${1:?usage: gpu_default_rows.sh glm-flash|glm-default|flash|default|kernels|flat|tail OUT}
-OUT=${2:?usage: gpu_default_rows.sh glm-flash|glm-default|flash|default|kernels|flat|tail OUT}
+STAGE=${1:?usage: gpu_default_rows.sh glm-flash|glm-default|flash|default|kernels|flat|tail|merge-small OUT}
+OUT=${2:?usage: gpu_default_rows.sh glm-flash|glm-default|flash|default|kernels|flat|tail|merge-small OUT}
 BATCH=${BATCH-131072:3}
 # GLM depths: LAYERS=8 alone saves a short device budget the 2-layer engine (host-bound there, so no fit from it)
 LAYERS=${LAYERS-2,8}
@@ -46,6 +47,12 @@ case "$STAGE" in
   tail) llama locks-tail "" ;;
   kernels)
     python3 samples/bench_kernels.py --out "$OUT/kernels" --two-level 4,8,16,32,64 --live 64 --reps 15 2>&1 | tail -8 ;;
+  merge-small)
+    # the live merge (select.MERGE_SMALL, off by default) against the capacity-wide one, same machine, in turn
+    for m in 512 0; do
+      python3 samples/bench_kernels.py --out "$OUT/merge$m" --two-level 4,16,64 --live 64 --reps 15 \
+        --merge-small "$m" 2>&1 | tail -4
+    done ;;
   *)
-    echo "unknown stage $STAGE: glm-flash, glm-default, flash, default, kernels, flat or tail"; exit 2 ;;
+    echo "unknown stage $STAGE: glm-flash, glm-default, flash, default, kernels, flat, tail or merge-small"; exit 2 ;;
 esac
