@@ -9,36 +9,34 @@ from locks_chat.engine_client import check_cpu_kv_cache
 from locks_chat.errors import LocksChatError
 
 
+def _refusal(monkeypatch, gib: float, available: int) -> str | None:
+    """``check_cpu_kv_cache(gib)`` on a CPU machine of 16 GiB with ``available`` bytes free: None when it passes,
+    else its message (exit code 2 checked)."""
+    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
+    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
+    monkeypatch.setattr(locks_chat.engine_client, "available_memory_bytes", lambda: available)
+    try:
+        check_cpu_kv_cache(gib)
+    except LocksChatError as err:
+        assert err.exit_code == 2
+        return err.message
+    return None
+
+
 @pytest.mark.parametrize("gib, refused", [(1, False), (15, False), (16, True), (1e6, True), (1e300, True)],
                          ids=["default", "below", "all-of-it", "a-million", "1e300"])
 def test_a_kv_cache_of_the_machines_memory_or_more_is_refused_on_the_cpu(gib, refused, monkeypatch):
-    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
-    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
-    monkeypatch.setattr(locks_chat.engine_client, "available_memory_bytes", lambda: 16 * 2**30)
-    if not refused:
-        check_cpu_kv_cache(gib)
-        return
-    with pytest.raises(LocksChatError) as err:
-        check_cpu_kv_cache(gib)
-    assert err.value.exit_code == 2
-    assert err.value.message == (f"--kv-cache-gib {gib:g}: this machine has 16.0 GiB of memory, which must hold the "
-                                 "KV cache and the model; pass less (default: 1)")
+    expected = (f"--kv-cache-gib {gib:g}: this machine has 16.0 GiB of memory, which must hold the KV cache and the "
+                "model; pass less (default: 1)")
+    assert _refusal(monkeypatch, gib, 16 * 2**30) == (expected if refused else None)
 
 
 @pytest.mark.parametrize("gib, refused", [(6, False), (7, True), (15, True)],
                          ids=["all-available", "more", "below-total"])
 def test_a_kv_cache_above_the_memory_available_now_is_refused_on_the_cpu(gib, refused, monkeypatch):
-    monkeypatch.setattr(locks_engine.platform_args, "on_cuda", lambda: False)
-    monkeypatch.setattr(locks_chat.engine_client, "memory_bytes", lambda: 16 * 2**30)
-    monkeypatch.setattr(locks_chat.engine_client, "available_memory_bytes", lambda: 6 * 2**30 + 2**20)
-    if not refused:
-        check_cpu_kv_cache(gib)
-        return
-    with pytest.raises(LocksChatError) as err:
-        check_cpu_kv_cache(gib)
-    assert err.value.exit_code == 2
-    assert err.value.message == (f"--kv-cache-gib {gib}: only 6.0 GiB of this machine's 16.0 GiB of memory is "
-                                 "available now; pass less (default: 1) or close programs that hold memory")
+    expected = (f"--kv-cache-gib {gib}: only 6.0 GiB of this machine's 16.0 GiB of memory is available now; pass "
+                "less (default: 1) or close programs that hold memory")
+    assert _refusal(monkeypatch, gib, 6 * 2**30 + 2**20) == (expected if refused else None)
 
 
 def test_without_psutil_only_the_machines_memory_is_checked(monkeypatch):
