@@ -3,11 +3,15 @@ the Typer wiring)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 from locks_chat.errors import DocumentError, LocksChatError, TerminatedError
 from locks_chat.signals import TERMINATED_EXIT_CODE
+
+#: Exit code after a SIGHUP (128 + signal number, as shells report it).
+HUNG_UP_EXIT_CODE = 128 + signal.SIGHUP
 
 
 def terminal_attached() -> bool:
@@ -71,9 +75,10 @@ def run_chat(
         app.run()
     if app.fatal_error:
         raise DocumentError(app.fatal_error)
-    if app.return_code == TERMINATED_EXIT_CODE:
+    if app.return_code in (TERMINATED_EXIT_CODE, HUNG_UP_EXIT_CODE):  # SIGTERM, or SIGHUP: the terminal closed
         saved = ": the conversation is saved" if app.chat.turns else " (no question asked: nothing to save)"
-        raise TerminatedError("terminated" + saved)
+        what = "hung up" if app.return_code == HUNG_UP_EXIT_CODE else "terminated"
+        raise TerminatedError(what + saved, exit_code=app.return_code)
     if app.return_code:
         raise LocksChatError(f"the app stopped with an error (exit code {app.return_code})")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from textual.app import App
 
 from locks_chat.sessions import SessionStore
-from locks_chat.signals import TERMINATED_EXIT_CODE, note_sigterm
+from locks_chat.signals import note_sigterm
 from locks_chat.tui.book_chat import BookChat, ChatOptions, EngineFactory, TokenizerFactory
 from locks_chat.tui.screens.chat import ChatScreen
 
@@ -44,23 +44,30 @@ class LocksChatApp(App):
 
     def _watch_sigterm(self) -> None:
         """SIGTERM quits as Ctrl+Q does (the answer in flight stopped and saved, the engine shut down, the
-        terminal restored), with exit code 143; handled on the event loop, not by raising in its thread."""
-        self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-        try:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no Unix signals
-            self._previous_sigterm = None
+        terminal restored), with exit code 143; SIGHUP (the terminal closed) likewise, with 129, unless it is
+        ignored (``nohup``). Handled on the event loop, not by raising in its thread: a SIGHUP raised there left
+        the app running, engine and all, after its terminal was gone."""
+        self._previous_sigterm = {}
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGHUP and previous == signal.SIG_IGN:
+                continue
+            try:
+                loop.add_signal_handler(signum, self._terminate, signum)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no Unix signals
+                break
+            self._previous_sigterm[signum] = previous
 
     def _unwatch_sigterm(self) -> None:
-        if self._previous_sigterm is None:
-            return
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
+        for signum, previous in (self._previous_sigterm or {}).items():
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signum)
+                signal.signal(signum, previous)
 
-    def _terminate(self) -> None:
+    def _terminate(self, signum: int = signal.SIGTERM) -> None:
         note_sigterm()
-        self.exit(return_code=TERMINATED_EXIT_CODE)
+        self.exit(return_code=128 + signum)
 
 
 def build_app(

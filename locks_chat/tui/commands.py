@@ -22,6 +22,7 @@ book's pages across and the answer's tokens down, coloured by the share of each 
 | `/stats` | statistics of every answer in this session, LOCKS and dense side by side |
 | `/export` | save the conversation as Markdown with page citations |
 | `/help` | this help |
+| `/quit` | quit the app, as Ctrl+Q |
 
 Settings reach vLLM only when the engine starts, so `/budget`, `/rank` and `/dense` restart it (15-75 s on a
 small CPU); they are saved in the settings file for the next run.

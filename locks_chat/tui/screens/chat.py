@@ -53,7 +53,7 @@ class ChatScreen(ChatLoading, ChatAnswering, Screen):
 
     BINDINGS = [
         Binding("escape", "stop", "Stop answer", priority=True),
-        Binding("ctrl+c", "stop", "Stop answer", show=False, priority=True),
+        Binding("ctrl+c", "stop(True)", "Stop answer", show=False, priority=True),
         Binding("alt+left", "token(-1)", "Earlier token"),
         Binding("alt+right", "token(1)", "Later token"),
         Binding("f1", "help", "Help"),
@@ -199,13 +199,17 @@ class ChatScreen(ChatLoading, ChatAnswering, Screen):
             return
         await self.ask(text)
 
-    def action_stop(self) -> None:
-        """Esc / Ctrl+C: stop the answer in flight (the engine aborts the request); otherwise Ctrl+C copies."""
+    def action_stop(self, ctrl_c: bool = False) -> None:
+        """Esc / Ctrl+C: stop the answer in flight (the engine aborts the request); otherwise Ctrl+C copies the
+        prompt's selection, or, with none, says that Ctrl+Q quits (Textual's own Ctrl+C hint, which this binding
+        shadows)."""
         if self.cancel is not None:
             self.cancel.set()
             self.panels.progress.begin("answer", "Stopping the answer")
         elif self.query_one(PromptInput).selected_text:
             self.query_one(PromptInput).action_copy()
+        elif ctrl_c:
+            self.app.action_help_quit()
 
     def action_token(self, direction: int) -> None:
         """Alt+Left / Alt+Right: the pages read at the previous / next token of the answer (the newest: live)."""

@@ -79,18 +79,20 @@ def test_dash_h_is_help(capsys, monkeypatch):
     assert exit_info.value.code in (0, None) and "Example: locks-chat ask" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("code, what", [(143, "terminated"), (129, "hung up")], ids=["sigterm", "sighup"])
 @pytest.mark.parametrize("asked", [True, False], ids=["turns", "no-turns"])
-def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, asked):
-    """Exit 143; the message says the conversation is saved only when there is one."""
+def test_a_chat_app_stopped_by_sigterm_exits_143(tmp_path, monkeypatch, asked, code, what):
+    """Exit 143 (SIGTERM) or 129 (SIGHUP: the terminal closed); the message says the conversation is saved only
+    when there is one."""
     def run(self, *args, **kwargs):
         self.chat.turns = ["a turn"] if asked else []
 
     monkeypatch.setattr(LocksChatApp, "run", run)
     monkeypatch.setattr("locks_chat.cli.chat.terminal_attached", lambda: True)
-    monkeypatch.setattr(LocksChatApp, "return_code", 143, raising=False)
+    monkeypatch.setattr(LocksChatApp, "return_code", code, raising=False)
     result = runner.invoke(app, ["chat", str(write_book(tmp_path))])
-    expected = "terminated: the conversation is saved" if asked else "terminated (no question asked: nothing to save)"
-    assert result.exit_code == 143 and result.stderr.strip() == expected
+    expected = f"{what}: the conversation is saved" if asked else f"{what} (no question asked: nothing to save)"
+    assert result.exit_code == code and result.stderr.strip() == expected
 
 
 @pytest.mark.parametrize(

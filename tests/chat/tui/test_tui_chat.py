@@ -149,6 +149,20 @@ async def test_cancel_mid_answer_aborts_in_the_engine_and_keeps_the_partial_answ
     assert (saved.status, saved.answer) == ("cancelled", "one two ")
 
 
+async def test_ctrl_c_with_nothing_to_stop_or_copy_says_how_to_quit(book):
+    """Ctrl+C out of habit: the app stays, and says Ctrl+Q quits (was: nothing at all); Esc stays quiet."""
+    app = build_app(book, ChatOptions(), Factory(FakeEngine()))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ready(app), what="the app to be ready")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not any("to quit" in m for m in notices(app))
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert app.is_running
+        assert any("ctrl+q" in m and "to quit" in m for m in notices(app)), notices(app)
+
+
 async def test_cancel_during_prefill(book):
     engine = GatedEngine(answer="never said")
     engine.prefill_done.clear()

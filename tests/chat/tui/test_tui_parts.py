@@ -8,7 +8,7 @@ from locks_chat.ingest import load_document
 from locks_chat.prompt import build_prompt
 from locks_chat.reading import step_reading
 from locks_chat.sessions import Turn
-from locks_chat.tui.commands import Command, CommandError, parse_command
+from locks_chat.tui.commands import HELP, Command, CommandError, parse_command
 from locks_chat.tui.meter import MeteredEngine, summary_bytes_resident
 from locks_chat.tui.stats_table import stats_markdown
 from locks_chat.tui.widgets.memory_panel import human_bytes
@@ -39,6 +39,16 @@ def test_parse_command(text, expected):
 def test_bad_commands_say_what_to_type(text, message):
     with pytest.raises(CommandError, match=message):
         parse_command(text)
+
+
+def test_help_lists_every_command():
+    """The help's table has a row for each command ``parse_command`` knows (was: ``/quit`` missing)."""
+    with pytest.raises(CommandError) as raised:
+        parse_command("/nope")
+    known = raised.value.message.partition("the commands are ")[2].split(", ")
+    assert len(known) == 8, known
+    missing = [name for name in known if f"| `{name}" not in HELP]
+    assert not missing, f"no help row for {missing}"
 
 
 @pytest.fixture

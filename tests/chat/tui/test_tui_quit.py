@@ -132,3 +132,53 @@ def test_sigterm_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capf
     assert saved.status == "cancelled" and saved.answer.startswith("The password")
     assert engine.closed and engine.aborted == 1
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_sighup_quits_like_sigterm_and_saves_the_answer_in_flight(tmp_path, capfd):
+    """The terminal closed (SIGHUP) mid-answer: the app quits with 129, the answer saved as cancelled, the engine
+    closed (was: the CLI's raising handler ran inside the event loop and the app, engine and all, stayed)."""
+    engine = GatedEngine(answer="The password is BLUE and the boats are twelve.")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    seen: list[int] = []
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: seen.append(signum))
+
+    async def sighup_mid_answer(pilot) -> None:
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        app.screen.query_one(PromptInput).value = "What is the password?"
+        await pilot.press("enter")
+        engine.release(2)
+        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        os.kill(os.getpid(), signal.SIGHUP)
+        await pilot.pause(5)  # the app exits before this ends
+        if app.return_code is None:
+            app.exit()  # it did not: end the run, and the asserts below fail
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=sighup_mid_answer)
+        assert app.return_code == 128 + signal.SIGHUP and not seen
+        os.kill(os.getpid(), signal.SIGHUP)  # the handler from before the app is back
+        assert seen == [signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert saved.status == "cancelled" and saved.answer.startswith("The password")
+    assert engine.closed and engine.aborted == 1
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path):
+    """``nohup locks-chat book.pdf``: the app leaves SIGHUP ignored, and puts nothing in its place."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(FakeEngine()))
+    during: list[object] = []
+
+    async def look(pilot) -> None:
+        during.append(signal.getsignal(signal.SIGHUP))
+        app.exit()
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=look)
+        assert during == [signal.SIG_IGN] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
