@@ -9,6 +9,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from locks_chat.sessions import SessionStore, file_hash
 from locks_chat.signals import TERMINATED_EXIT_CODE
 from locks_chat.tui.app import build_app
@@ -100,66 +102,36 @@ def test_quitting_while_the_tokenizer_loads_does_not_wait_for_it(tmp_path, capfd
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_sigterm_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capfd):
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, TERMINATED_EXIT_CODE), (signal.SIGHUP, 128 + signal.SIGHUP)],
+                         ids=["sigterm", "sighup"])
+def test_a_signal_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capfd, signum, code):
+    """SIGTERM, or SIGHUP (the terminal closed), mid-answer: the app quits with 143 or 129, the answer saved as
+    cancelled, the engine closed (SIGHUP was: the CLI's raising handler ran inside the event loop and the app,
+    engine and all, stayed)."""
     engine = GatedEngine(answer="The password is BLUE and the boats are twelve.")
     app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
     seen: list[int] = []
-    # a SIGTERM the app did not take would reach this handler (not kill the test run) and fail the test
-    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    # a signal the app did not take would reach this handler (not kill the test run) and fail the test
+    before = signal.signal(signum, lambda got, frame: seen.append(got))
 
-    async def sigterm_mid_answer(pilot) -> None:
-        screen = app.screen
-        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
-        screen.query_one(PromptInput).value = "What is the password?"
-        await pilot.press("enter")
-        engine.release(2)
-        strip = screen.query_one(PageHeatMap)
-        await until(pilot, lambda: strip.token == 2, what="token 2")
-        os.kill(os.getpid(), signal.SIGTERM)
-        await pilot.pause(5)  # the app exits before this ends
-        if app.return_code is None:
-            app.exit()  # it did not: end the run, and the asserts below fail
-
-    try:
-        app.run(headless=True, size=SIZE, auto_pilot=sigterm_mid_answer)
-        assert app.return_code == TERMINATED_EXIT_CODE and not seen
-        os.kill(os.getpid(), signal.SIGTERM)  # the handler from before the app is back
-        assert seen == [signal.SIGTERM]
-    finally:
-        signal.signal(signal.SIGTERM, before)
-    store = SessionStore()
-    [saved] = store.turns(store.list_sessions()[0].id)
-    assert saved.status == "cancelled" and saved.answer.startswith("The password")
-    assert engine.closed and engine.aborted == 1
-    assert "Traceback" not in capfd.readouterr().err
-
-
-def test_sighup_quits_like_sigterm_and_saves_the_answer_in_flight(tmp_path, capfd):
-    """The terminal closed (SIGHUP) mid-answer: the app quits with 129, the answer saved as cancelled, the engine
-    closed (was: the CLI's raising handler ran inside the event loop and the app, engine and all, stayed)."""
-    engine = GatedEngine(answer="The password is BLUE and the boats are twelve.")
-    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
-    seen: list[int] = []
-    before = signal.signal(signal.SIGHUP, lambda signum, frame: seen.append(signum))
-
-    async def sighup_mid_answer(pilot) -> None:
+    async def signal_mid_answer(pilot) -> None:
         await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
         app.screen.query_one(PromptInput).value = "What is the password?"
         await pilot.press("enter")
         engine.release(2)
         await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
-        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signum)
         await pilot.pause(5)  # the app exits before this ends
         if app.return_code is None:
             app.exit()  # it did not: end the run, and the asserts below fail
 
     try:
-        app.run(headless=True, size=SIZE, auto_pilot=sighup_mid_answer)
-        assert app.return_code == 128 + signal.SIGHUP and not seen
-        os.kill(os.getpid(), signal.SIGHUP)  # the handler from before the app is back
-        assert seen == [signal.SIGHUP]
+        app.run(headless=True, size=SIZE, auto_pilot=signal_mid_answer)
+        assert app.return_code == code and not seen
+        os.kill(os.getpid(), signum)  # the handler from before the app is back
+        assert seen == [signum]
     finally:
-        signal.signal(signal.SIGHUP, before)
+        signal.signal(signum, before)
     store = SessionStore()
     [saved] = store.turns(store.list_sessions()[0].id)
     assert saved.status == "cancelled" and saved.answer.startswith("The password")
