@@ -184,6 +184,22 @@ def _chunk_topk(
 
 
 @triton.jit
+def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, stride_os, stride_oh, NCHUNK, K,
+                       KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
+                       K_DEV: tl.constexpr):
+    i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    o_n = tl.arange(0, NP)
+    base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
+    keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
+    pages = tl.load(cand_page_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
+    take, slot, n_taken = _take_top(keys, _budget(k_ptr, K, K_DEV), NT, ROUNDS)
+    p_out = out_ptr + i_s * stride_os + i_h * stride_oh
+    tl.store(p_out + slot, pages.to(tl.int64), mask=take)
+    o_k = tl.arange(0, KP)
+    tl.store(p_out + o_k, tl.full([KP], -1, tl.int64), mask=(o_k >= n_taken) & (o_k < K))
+
+
+@triton.jit
 def _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP: tl.constexpr, NT: tl.constexpr,
                  ROUNDS: tl.constexpr):
     """The top ``k`` of ``keys`` (candidates in page order) written as pages ascending, ``-1`` past them."""
@@ -195,31 +211,27 @@ def _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP:
 
 
 @triton.jit
-def _merge_topk_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, live_ptr, stride_os, stride_oh, NCHUNK, K,
+def _merge_live_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, live_ptr, stride_os, stride_oh, NCHUNK, K,
                        SLOTS_PER_PART, KP: tl.constexpr, NP: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
                        K_DEV: tl.constexpr, LIVE: tl.constexpr, TP: tl.constexpr, SMALL: tl.constexpr):
-    """Top ``k`` over the ``NCHUNK`` parts' candidates (each part's at most ``min(k, KP)`` at the start of its
-    ``KP`` slots, zeros after). With ``SMALL``, when the live candidates fit ``SMALL`` slots (the live budget ``k``
-    read on the device, and with ``LIVE`` only the parts that hold listed slots: ``live_ptr`` tiles of ``TP``
-    pages, ``SLOTS_PER_PART`` slots a part), they are gathered compacted, still in page order, and searched at
-    that width instead of ``NCHUNK * KP``: a calibrated layer's small ``c`` searches its own candidates, not the
-    capacity's (one kernel, the branch taken on the device, so a CUDA graph holds either)."""
+    """``_merge_topk_kernel`` (:data:`MERGE_SMALL`) for a calibrated layer: each of the ``NCHUNK`` parts holds at
+    most ``min(k, KP)`` candidates at the start of its ``KP`` slots (the live budget ``k`` read on the device),
+    and with ``LIVE`` only the parts that hold listed slots have any (``live_ptr`` tiles of ``TP`` pages,
+    ``SLOTS_PER_PART`` slots a part). When those fit ``SMALL`` slots they are gathered compacted, still in page
+    order, and searched at that width instead of ``NCHUNK * KP``; else at the capacity's width. One kernel, the
+    branch taken on the device, so a CUDA graph holds either."""
     i_h, i_s = tl.program_id(0), tl.program_id(1).to(tl.int64)
     base = (i_s * tl.num_programs(0) + i_h) * NCHUNK * KP
     k = _budget(k_ptr, K, K_DEV)
-    small = False
     per = tl.maximum(tl.minimum(k, KP), 1)
     parts = NCHUNK
-    if SMALL > 0:
-        if LIVE:
-            parts = tl.minimum((tl.load(live_ptr) * TP + SLOTS_PER_PART - 1) // SLOTS_PER_PART, NCHUNK)
-        small = parts * per <= SMALL
-    if small:
+    if LIVE:
+        parts = tl.minimum((tl.load(live_ptr) * TP + SLOTS_PER_PART - 1) // SLOTS_PER_PART, NCHUNK)
+    if parts * per <= SMALL:
         o_m = tl.arange(0, SMALL)
-        valid = o_m < parts * per
         idx = (o_m // per) * KP + o_m % per
-        keys = tl.load(cand_key_ptr + base + idx, mask=valid, other=0)
-        pages = tl.load(cand_page_ptr + base + idx, mask=valid, other=0)
+        keys = tl.load(cand_key_ptr + base + idx, mask=o_m < parts * per, other=0)
+        pages = tl.load(cand_page_ptr + base + idx, mask=o_m < parts * per, other=0)
         _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP, NT, ROUNDS)
     else:
         o_n = tl.arange(0, NP)
@@ -401,26 +413,44 @@ def _select_fwd(scores, seq_lens, num_kv_heads, budget_pages, page_size, sink_pa
             num_warps=_warps(group * kp),
         )
         cand_key, cand_page, nchunk = group_key, group_page, ngroup
-    live = budget_live is not None or live_tiles is not None
+    small = MERGE_SMALL if (budget_live is not None or live_tiles is not None) and MERGE_SMALL < nchunk * kp else 0
+    if small:
+        _merge_live_kernel[(num_kv_heads, seqs)](
+            cand_key,
+            cand_page,
+            out,
+            out if budget_live is None else budget_live,
+            out if live_tiles is None else live_tiles,
+            out.stride(0),
+            out.stride(1),
+            nchunk,
+            slots,
+            chunk * (group or 1),
+            KP=kp,
+            NP=triton.next_power_of_2(nchunk * kp),
+            NT=SEARCH_ARITY,
+            ROUNDS=SEARCH_ROUNDS,
+            K_DEV=budget_live is not None,
+            LIVE=live_tiles is not None,
+            TP=TILE_PAGES,
+            SMALL=small,
+            num_warps=_warps(nchunk * kp),
+        )
+        return out
     _merge_topk_kernel[(num_kv_heads, seqs)](
         cand_key,
         cand_page,
         out,
         out if budget_live is None else budget_live,
-        out if live_tiles is None else live_tiles,
         out.stride(0),
         out.stride(1),
         nchunk,
         slots,
-        chunk * (group or 1),
         KP=kp,
         NP=triton.next_power_of_2(nchunk * kp),
         NT=SEARCH_ARITY,
         ROUNDS=SEARCH_ROUNDS,
         K_DEV=budget_live is not None,
-        LIVE=live_tiles is not None,
-        TP=TILE_PAGES,
-        SMALL=MERGE_SMALL if live and MERGE_SMALL < nchunk * kp else 0,
         num_warps=_warps(nchunk * kp),
     )
     return out
