@@ -70,10 +70,11 @@ class ReadingPanels(Vertical):
         """One decode step's reading, drawn at the token that step generated: a step over ``seq_len`` tokens of a
         ``P``-token prompt generates token ``seq_len - P + 1`` (the prefill generates token 1). Several steps can
         arrive with one engine event under load: each keeps its own token, so stepping back through the answer
-        goes one token at a time. The latest generated token when the prompt's length is not known yet."""
+        goes one token at a time; a step's reading can also come before the event that carries its token (the
+        engine publishes the step's statistics first), and keeps its own token then too. The latest generated
+        token when the prompt's length is not known yet, or for a prefill chunk's reading."""
         token = reading.seq_len - self.prompt_tokens + 1 if self.prompt_tokens else 0
-        self.query_one(PageHeatMap).show_step(reading, token if 1 <= token <= max(self.generated, 1) else
-                                              self.generated)
+        self.query_one(PageHeatMap).show_step(reading, token if token >= 1 else self.generated)
         self.query_one(BudgetPanel).show_step(reading)
 
     def show_tick(self, tick: EngineTick, max_tokens: int, prefill_rate: float | None) -> None:

@@ -490,3 +490,29 @@ async def test_settings_warnings_are_shown_when_the_app_opens(book):
         assert notices(app, "warning") == [warning]
         [note] = [n for n in app._notifications if n.message == warning]
         assert note.timeout == WARNING_SECONDS >= 20
+
+
+async def test_readings_ahead_of_their_token_keep_their_own_token():
+    """The engine publishes a step's statistics before the event that carries its token: under load the readings
+    of tokens 22-24 arrive while the panels have seen 21 tokens. Each keeps its own token, so stepping back from
+    the answer's end goes one token at a time (was: all three drawn at token 21, and Alt+Left jumped 25 -> 21)."""
+    from textual.app import App
+
+    from locks_chat.reading import StepReading
+    from locks_chat.tui.meter import EngineTick
+    from locks_chat.tui.widgets.page_heatmap import PageHeatMap
+    from locks_chat.tui.widgets.reading_panels import ReadingPanels
+
+    class One(App):
+        def compose(self):
+            yield ReadingPanels()
+
+    async with One().run_test(size=(140, 40)) as pilot:
+        panels = pilot.app.query_one(ReadingPanels)
+        panels.show_tick(EngineTick(1.0, 100, 100, 21, None, None, None), 64, None)
+        for token in (22, 23, 24):
+            panels.show_step(StepReading(100 + token - 1, 6, 6 * 8, ()))
+        panels.show_tick(EngineTick(1.2, 100, 100, 25, None, None, None), 64, None)
+        panels.show_step(StepReading(100 + 25 - 1, 6, 6 * 8, ()))
+        await pilot.pause()
+        assert [token for token, _ in panels.query_one(PageHeatMap).history] == [22, 23, 24, 25]
