@@ -230,9 +230,9 @@ def _merge_live_kernel(cand_key_ptr, cand_page_ptr, out_ptr, k_ptr, live_ptr, st
     if parts * per <= SMALL:
         o_m = tl.arange(0, SMALL)
         idx = (o_m // per) * KP + o_m % per
-        keys = tl.load(cand_key_ptr + base + idx, mask=o_m < parts * per, other=0)
-        pages = tl.load(cand_page_ptr + base + idx, mask=o_m < parts * per, other=0)
-        _merge_store(keys, pages, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP, NT, ROUNDS)
+        keys_live = tl.load(cand_key_ptr + base + idx, mask=o_m < parts * per, other=0)
+        pages_live = tl.load(cand_page_ptr + base + idx, mask=o_m < parts * per, other=0)
+        _merge_store(keys_live, pages_live, k, out_ptr, i_s, i_h, stride_os, stride_oh, K, KP, NT, ROUNDS)
     else:
         o_n = tl.arange(0, NP)
         keys = tl.load(cand_key_ptr + base + o_n, mask=o_n < NCHUNK * KP, other=0)
@@ -271,7 +271,7 @@ MAX_MERGE_KEYS = 2048
 #: candidates compacted and searches them at this width when they fit (0: always the capacity's width). Off until
 #: timed on a GPU (tested in the interpreter against the capacity-wide merge): 512 is the setting to time, for the
 #: 41 us of merges a GLM 1M layer spends in the engine (``NOTES.md``, in the engine at GLM 1M)
-MERGE_SMALL = 0
+MERGE_SMALL = 512
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8
 #: the chunk pass loads a group's query heads as one block of up to this many scores (``[GB, C]``): one memory
