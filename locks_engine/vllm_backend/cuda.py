@@ -19,8 +19,10 @@ times its mean value, merged by log-sum-exp). The mean values live in a store by
 summaries (``value_means``: int8 with an fp16 scale, or bf16; reserved in the KV sizing, ``memory.py``), written
 for the pages a prefill completes (``ops.tail.encode_value_means``, the ops twin of ``build_cache_value_means``)
 and on the device for the page a decode token completes (``build_completed_value_means``). With the ``oracle``
-selection the step stays eager, as above. The share of the estimated mass the tail carried
-(``ops.tail.tail_mass_share``, torch on the device, no host sync) goes to the statistics (``device_stats``).
+selection the step stays eager, as above. The share of the estimated mass the tail carried goes to the statistics
+(``device_stats``): ``ops.tail.tail_mass_share`` in torch on the device (~40 launches, ~100 us a layer at 128K, one
+H100, ``samples/results/2026-12-07_gpu_0f96b88_default/``), or with ``locks_kernels.tail.SHARE_IN_KERNEL`` each
+query head's share from the tail kernels' own passes (``share=``, no extra launch), averaged over its group.
 """
 
 from __future__ import annotations
@@ -227,7 +229,8 @@ class CudaPath:
 
         Returns:
             Tensor | None: fp32 `[S, H]` share of each KV head's estimated mass that the tail estimate carried
-            (``ops.tail.tail_mass_share``, on the device), None without a tail estimate this step.
+            (``ops.tail.tail_mass_share``, or ``tail_paged_attention(share=)``, on the device), None without a
+            tail estimate this step.
         """
         from locks_kernels import sparse_paged_attention
 
@@ -236,9 +239,16 @@ class CudaPath:
         if tail is not None:
             from locks_kernels import tail_paged_attention
 
+            from locks_kernels import tail as tail_kernels
+
+            if not tail_kernels.SHARE_IN_KERNEL:
+                tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, self._means,
+                                     meta.cfg.page_size, self.scale, out=out)
+                return tail_mass_share(tail, selected, seq_lens, meta.cfg.page_size)
+            share = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [S, HQ]
             tail_paged_attention(q, k_cache, v_cache, block_table, seq_lens, selected, tail, self._means,
-                                 meta.cfg.page_size, self.scale, out=out)
-            return tail_mass_share(tail, selected, seq_lens, meta.cfg.page_size)
+                                 meta.cfg.page_size, self.scale, out=out, share=share)
+            return share.view(q.shape[0], selected.shape[1], -1).mean(-1)
         sparse_paged_attention(
             q, k_cache, v_cache, block_table, seq_lens, selected, meta.cfg.page_size, self.scale, out=out
         )

@@ -175,6 +175,32 @@ def test_tail_paged_attention_matches_ops(fmt, groups):
     _check(fmt, ref, out, 1e-5)
 
 
+@pytest.mark.parametrize("groups", [1, 4], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("lengths", [LENGTHS, [16 * 16 * 40 + 5, 100]], ids=["rows", "41splits"])
+def test_tail_share_matches_ops(groups, lengths):
+    """``share=``: each query head's tail share of the estimated mass, from the split's passes, is
+    ``ops.tail.tail_mass_share`` before its group mean: rows whose every page is read (0), with no complete page
+    (0), a head without any score (0), ``-inf`` pages, and 41 splits (two merge chunks); out and lse unchanged."""
+    from locks_engine.ops.tail import tail_mass_share
+
+    sc, scores, selected = _case(groups, seed=20 + groups, lengths=lengths, holes=len(lengths) > 3)
+    dev = on_device(sc)
+    store = _store(dev, "int8", poison=False)
+    lk.build_cache_value_means(dev.v_cache, dev.block_table, dev.seq_lens, store, sc.page_size)
+    args = (dev.q, dev.k_cache, dev.v_cache, dev.block_table, dev.seq_lens, selected.to(DEVICE), scores.to(DEVICE),
+            store, sc.page_size)
+    share = poisoned(sc.q.shape[:2], torch.float32)
+    out, lse = lk.tail_paged_attention(*args, share=share)
+    heads = selected.shape[1]
+    got = share.cpu().view(share.shape[0], heads, groups).mean(-1)
+    ref = tail_mass_share(scores, selected, sc.seq_lens, sc.page_size)
+    assert not torch.isnan(got).any(), "share: NaN"
+    assert_close("share", ref, got, 1e-5)
+    assert 0.0 < float(ref.max()) < 1.0, "the case has a tail carrying part of the mass"
+    plain = lk.tail_paged_attention(*args)
+    assert torch.equal(out.cpu(), plain[0].cpu()) and torch.equal(lse.cpu(), plain[1].cpu()), "share= changed out"
+
+
 def test_nothing_read_and_no_tail_gives_zeros_and_minus_inf():
     sc, scores, _ = _case(2, seed=3, lengths=[40, 7, 33], holes=False)
     selected = torch.full((3, 2, 4), -1, dtype=torch.int64)
