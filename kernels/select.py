@@ -268,9 +268,9 @@ CHUNK = 1024
 #: many more candidates costs more than the extra launch
 MAX_MERGE_KEYS = 2048
 #: with a live budget or live listed slots (a calibrated layer's ``c`` as data), the merge gathers the live
-#: candidates compacted and searches them at this width when they fit (0: always the capacity's width). Off until
-#: timed on a GPU (tested in the interpreter against the capacity-wide merge): 512 is the setting to time, for the
-#: 41 us of merges a GLM 1M layer spends in the engine (``NOTES.md``, in the engine at GLM 1M)
+#: candidates compacted and searches them at this width when they fit (0: always the capacity's width). One H100,
+#: a GLM 1M layer's step with ``c = 4`` as data 60.6 us against 68.5; in the engine the merges 12.6 us against 41.1
+#: (``NOTES.md``, in the engine at GLM 1M; ``samples/results/2026-12-07_gpu_0f96b88_default/``)
 MERGE_SMALL = 512
 #: chunks merged by one program of the group pass
 MERGE_GROUP = 8

@@ -48,7 +48,7 @@ case "$STAGE" in
   kernels)
     python3 samples/bench_kernels.py --out "$OUT/kernels" --two-level 4,8,16,32,64 --live 64 --reps 15 2>&1 | tail -8 ;;
   merge-small)
-    # the live merge (select.MERGE_SMALL, off by default) against the capacity-wide one, same machine, in turn
+    # the live merge (select.MERGE_SMALL, 512 by default) against the capacity-wide one (0), same machine, in turn
     for m in 512 0; do
       python3 samples/bench_kernels.py --out "$OUT/merge$m" --two-level 4,16,64 --live 64 --reps 15 \
         --merge-small "$m" 2>&1 | tail -4
