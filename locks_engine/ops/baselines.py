@@ -44,28 +44,44 @@ def oracle_scores(
     return mask_incomplete(scores, seq_lens, page_size)
 
 
+#: keys (tokens x KV heads x D elements) ``oracle_scores_by_row`` gathers at once, in fp32: 512 MiB
+ORACLE_GATHER_ELEMENTS = 1 << 27
+
+
 def oracle_scores_by_row(
-    q: Tensor, k_cache: Tensor, block_table: Tensor, seq_lens: Tensor, page_size: int, scale: float | None = None
+    q: Tensor, k_cache: Tensor, block_table: Tensor, seq_lens: Tensor, page_size: int, scale: float | None = None,
+    max_elements: int = ORACLE_GATHER_ELEMENTS,
 ) -> Tensor:
-    """``oracle_scores`` one sequence at a time, over the block-table columns its tokens reach: the keys held at
-    once are one sequence's, not ``S`` times the table's width (the backend's ``oracle`` selection, where the
-    table spans ``max_model_len``). Reads ``seq_lens`` on the host: not for CUDA graphs.
+    """``oracle_scores`` over the block-table columns the sequences reach, in groups of consecutive rows whose keys
+    (rows x the group's longest row's blocks) fit ``max_elements``: not ``S`` times the table's width (the backend's
+    ``oracle`` selection, where the table spans ``max_model_len``), and a few launches a layer instead of a handful a
+    row (a row longer than the cap is a group of its own). Reads ``seq_lens`` on the host: not for CUDA graphs.
 
     Args:
         q (Tensor): `[S, HQ, D]`; k_cache (Tensor): `[num_blocks, block_size, H, D]`;
         block_table (Tensor): `[S, max_blocks]`; seq_lens (Tensor): `[S]` tokens; page_size (int): B.
+        scale (float | None): softmax scale, default ``D ** -0.5``. max_elements (int): key elements a group
+            gathers (default :data:`ORACLE_GATHER_ELEMENTS`).
     Returns:
         Tensor: fp32 `[S, HQ, Pmax]`, ``Pmax = max_blocks * block_size // B``, ``-inf`` for incomplete pages.
     """
-    block_size = k_cache.shape[1]
+    block_size, heads, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     pmax = block_table.shape[1] * (block_size // page_size)
     scores = torch.full((q.shape[0], q.shape[1], pmax), float("-inf"), device=q.device)
-    for row, tokens in enumerate(seq_lens.tolist()):
-        width = min(-(-tokens // block_size), block_table.shape[1])
-        if tokens // page_size:
-            rows = slice(row, row + 1)
+    widths = [min(-(-tokens // block_size), block_table.shape[1]) if tokens // page_size else 0
+              for tokens in seq_lens.tolist()]
+    per_block = block_size * heads * dim
+    start = 0
+    while start < len(widths):
+        end, width = start + 1, widths[start]
+        while end < len(widths) and (end + 1 - start) * max(width, widths[end]) * per_block <= max_elements:
+            width = max(width, widths[end])
+            end += 1
+        if width:
+            rows = slice(start, end)
             part = oracle_scores(q[rows], k_cache, block_table[rows, :width], seq_lens[rows], page_size, scale)
-            scores[row, :, : part.shape[-1]] = part[0]
+            scores[rows, :, : part.shape[-1]] = part
+        start = end
     return scores
 
 

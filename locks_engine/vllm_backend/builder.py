@@ -52,7 +52,7 @@ class LocksMetadataBuilder(AttentionMetadataBuilder[LocksMetadata]):
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
         """None on CPU (plain torch ops sync with the host), nor with a hook whose ``cuda_graphs`` is False, nor
-        with the ``oracle`` selection (its exact scores are plain torch over every key, one sequence at a time: a
+        with the ``oracle`` selection (its exact scores are plain torch over every key, in groups of rows: a
         graph would hold every captured batch size's keys in fp32 outside vLLM's memory profile; as a quality
         reference it may run eagerly, with or without a tail estimate). vLLM then runs attention eagerly between
         its piecewise graphs. A tail estimate on the flat scan keeps the graphs (``cuda.py``), and so do

@@ -8,7 +8,7 @@ decode token completes is summarized on the device (``build_completed_page_summa
 page is read is decided from ``Pmax``, the pages that buffer spans (static from step to step).
 
 The ``oracle`` selection is the exception: its exact page scores are plain torch over every key
-(``ops.baselines.oracle_scores_by_row``: one sequence at a time, the lengths read on the host), so the builder
+(``ops.baselines.oracle_scores_by_row``: groups of rows, the lengths read on the host), so the builder
 declares no CUDA-graph support for it and vLLM runs attention eagerly (``builder.get_cudagraph_support``); Triton's
 ``select_pages`` and ``sparse_paged_attention`` then run as for LOCKS, on scores of the same shape.
 

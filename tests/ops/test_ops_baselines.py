@@ -44,18 +44,47 @@ def test_quest_score_bounds_the_exact_page_lse():
 @pytest.mark.parametrize("seq_lens, groups", [
     ([1], 1), ([16], 4), ([200, 77], 4), ([0, 33, 511], 7), ([15, 16, 17], 1),
 ], ids=["one_token", "one_page", "two_rows", "empty_row_gqa7", "around_a_page"])
-def test_oracle_by_row_is_the_oracle(seq_lens: list[int], groups: int):
-    """One sequence at a time over the columns it reaches: the same scores in the full table's width."""
+@pytest.mark.parametrize("cap", [None, 1], ids=["one_group", "a_row_a_group"])
+def test_oracle_by_row_is_the_oracle(seq_lens: list[int], groups: int, cap: int | None):
+    """Groups of rows over the columns they reach (all rows at once, or one row a group when the cap holds less
+    than a row): the same scores in the full table's width."""
     sc = make_scenario(seq_lens, num_kv_heads=2, groups=groups, head_dim=32, seed=len(seq_lens), key_offset=2.0)
     # two unused columns past the longest row, as vLLM's table spans max_model_len
     table = torch.cat([sc.block_table, torch.zeros(len(seq_lens), 2, dtype=torch.int32)], dim=1)
     exact = oracle_scores(sc.q, sc.k_cache, table, sc.seq_lens, sc.page_size)
-    rows = oracle_scores_by_row(sc.q, sc.k_cache, table, sc.seq_lens, sc.page_size)
+    kwargs = {} if cap is None else {"max_elements": cap}
+    rows = oracle_scores_by_row(sc.q, sc.k_cache, table, sc.seq_lens, sc.page_size, **kwargs)
     assert rows.shape == exact.shape == (len(seq_lens), 2 * groups, table.shape[1] * 2)
     complete = torch.isfinite(exact)
     assert torch.equal(torch.isfinite(rows), complete) and complete.any() == any(n >= 16 for n in seq_lens)
     if complete.any():
         assert_close("oracle by row", exact[complete], rows[complete], 1e-6)
+
+
+def test_oracle_groups_follow_the_cap(monkeypatch):
+    """Rows of 16, 200, 40 and 511 tokens (blocks of 32 tokens, 2 KV heads, D 32: 2,048 elements a block): a cap
+    of 14 blocks' keys gathers rows 0-1 together (2 x 7 blocks), then rows 2 and 3 each alone (row 3 with row 2
+    would be 2 x 16); the scores are the oracle's either way."""
+    from locks_engine.ops import baselines
+
+    sc = make_scenario([16, 200, 40, 511], num_kv_heads=2, groups=2, head_dim=32, seed=3, key_offset=2.0)
+    widths = []
+    real = baselines.oracle_scores
+
+    def counted(q, k_cache, block_table, *args):
+        widths.append((q.shape[0], block_table.shape[1]))
+        return real(q, k_cache, block_table, *args)
+
+    monkeypatch.setattr(baselines, "oracle_scores", counted)
+    per_block = sc.k_cache.shape[1] * 2 * 32
+    assert sc.k_cache.shape[1] == 32
+    rows = oracle_scores_by_row(sc.q, sc.k_cache, sc.block_table, sc.seq_lens, sc.page_size,
+                                max_elements=14 * per_block)
+    assert widths == [(2, 7), (1, 2), (1, 16)]
+    exact = real(sc.q, sc.k_cache, sc.block_table, sc.seq_lens, sc.page_size)
+    complete = torch.isfinite(exact)
+    assert torch.equal(torch.isfinite(rows), complete)
+    assert_close("oracle in groups", exact[complete], rows[complete], 1e-6)
 
 
 def test_window_selects_sink_and_newest_pages():
