@@ -44,8 +44,9 @@ def oracle_scores(
     return mask_incomplete(scores, seq_lens, page_size)
 
 
-#: keys (tokens x KV heads x D elements) ``oracle_scores_by_row`` gathers at once, in fp32: 512 MiB
-ORACLE_GATHER_ELEMENTS = 1 << 27
+#: keys (tokens x KV heads x D elements) ``oracle_scores_by_row`` gathers at once, in fp32: 256 MiB (16 rows of
+#: 32K tokens at 2 KV heads of D 64), outside the engine's memory profile
+ORACLE_GATHER_ELEMENTS = 1 << 26
 
 
 def oracle_scores_by_row(
