@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -188,6 +189,16 @@ def fitting_prompt(
     return prompt
 
 
+def whole_words(answer: str, finish_reason: str | None) -> str:
+    """``answer`` as the citation check reads it: without its last word when ``max_tokens`` cut the answer
+    (finish reason ``length``), where it may stop mid-word (``VICKSB``), a word no page holds, which made a supported
+    answer "Not supported by the document"; ``answer`` itself when nothing else is left."""
+    if finish_reason != "length":
+        return answer
+    cut = re.sub(r"[^\W\d_]+$", "", answer)  # letters only: a cut "(p. 12" keeps its page
+    return cut if cut.strip() else answer
+
+
 def ask(
     engine: ChatEngine,
     document: Document,
@@ -265,7 +276,7 @@ def ask(
     if guard.loop is not None:
         answer, reason, stopped = guard.kept(), FINISH_REASON, STOPPED_TEXT
     tpot = (last_s - first_s) * 1000 / (generated - 1) if generated > 1 else None
-    check = check_citations(answer, document, questions[-1])
+    check = check_citations(whole_words(answer, reason), document, questions[-1])
     return AskResult(
         answer, check.citations, len(prompt.token_ids), generated,
         first_s * 1000 if first_s is not None else None, tpot, reason, log, check, cached,

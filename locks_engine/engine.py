@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from locks_engine.config import LocksConfig
+from locks_engine.core_watch import ensure_engine_core_alive, watch_engine_core
 from locks_engine.models import resolve_model, stay_offline
 from locks_engine.platform_args import on_cuda, platform_engine_args
 from locks_engine.processes import ProcessPolicy, apply_policy, children_start_quiet, engine_environment
@@ -159,6 +160,7 @@ class LocksEngine:
         )
         try:
             self.llm = LLMEngine.from_engine_args(args)
+            self._core_dead = watch_engine_core(self.llm)
             self.ring = require_locks(self.stats_path, timeout_s=30.0) if "locks_stats_path" in extra else None
             self._flush_device_stats()  # the warm-up steps' records: not taken for the first request's
         except KeyboardInterrupt:
@@ -240,7 +242,7 @@ class LocksEngine:
                 while not finished:
                     if cancel is not None and cancel.is_set():
                         raise GenerationCancelled("cancelled")
-                    outputs = [out for out in self.llm.step() if out.request_id == rid]
+                    outputs = [out for out in self._step() if out.request_id == rid]
                     if any(out.finished for out in outputs):
                         self._flush_device_stats()  # the last token's step
                     stats = self._new_stats()
@@ -301,7 +303,7 @@ class LocksEngine:
                 for rid, prompt in zip(rids, prompts):
                     self.llm.add_request(rid, {"prompt_token_ids": list(prompt)}, params)
                 while len(tokens) < len(rids) and self.llm.has_unfinished_requests():
-                    for out in self.llm.step():
+                    for out in self._step():
                         if out.finished and out.request_id in rids:
                             tokens[out.request_id] = list(out.outputs[0].token_ids)
                     if len(tokens) == len(rids):
@@ -313,8 +315,23 @@ class LocksEngine:
                     self._abort(left)
             return [tokens.get(rid, []) for rid in rids], records
 
+    def _step(self) -> list[Any]:
+        """``self.llm.step()``; vLLM's ``EngineDeadError`` at once when the engine core has exited
+        (``locks_engine.core_watch``), where a step would wait for ever."""
+        dead = getattr(self, "_core_dead", None)
+        ensure_engine_core_alive(dead)
+        try:
+            return self.llm.step()
+        except Exception:
+            ensure_engine_core_alive(dead)  # vLLM's client words it "see stack trace (above)": say how it ended
+            raise
+
     def _abort(self, rids: list[str]) -> None:
-        """Abort requests ``rids`` in the engine and step until nothing is left unfinished."""
+        """Abort requests ``rids`` in the engine and step until nothing is left unfinished; nothing when the
+        engine core has exited (``locks_engine.core_watch``: no step would ever answer)."""
+        dead = getattr(self, "_core_dead", None)
+        if dead is not None and dead.is_set():
+            return
         self.llm.abort_request(rids)
         while self.llm.has_unfinished_requests():
             self.llm.step()
