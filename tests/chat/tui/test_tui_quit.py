@@ -139,6 +139,60 @@ def test_a_signal_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, cap
     assert "Traceback" not in capfd.readouterr().err
 
 
+class EngineDeadError(Exception):
+    """vLLM's exception of that name (``vllm/v1/engine/exceptions.py``), which the app tells by name."""
+
+
+class HungUpEngine(GatedEngine):
+    """A :class:`GatedEngine` whose engine core dies of the app's own signal: after ``words`` words, at the next
+    ``release()``, it sends ``signum`` to the process (the terminal's SIGHUP reaches the whole process group) and
+    fails at once, before the app's event loop could stop the request."""
+
+    def __init__(self, signum: int, words: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.signum, self.words = signum, words
+
+    def stream(self, prompt_ids, max_tokens, cancel=None, sampling=None):
+        for i, event in enumerate(super().stream(prompt_ids, max_tokens, cancel, sampling)):
+            yield event
+            if i + 1 == self.words:
+                self.steps.acquire(timeout=10)
+                os.kill(os.getpid(), self.signum)
+                raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, TERMINATED_EXIT_CODE), (signal.SIGHUP, 128 + signal.SIGHUP)],
+                         ids=["sigterm", "sighup"])
+def test_an_engine_core_dead_of_the_same_signal_leaves_the_answer_cancelled(tmp_path, capfd, signum, code):
+    """The signal reaches vLLM's engine core too (one process group), which can die, and fail the request, before
+    the app stops it: the turn is still the stop's, saved ``cancelled`` with its partial answer (was: ``failed``)."""
+    engine = HungUpEngine(signum, 2, answer="The password is BLUE and the boats are twelve.")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    before = signal.getsignal(signum)
+
+    async def signal_as_the_engine_dies(pilot) -> None:
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        app.screen.query_one(PromptInput).value = "What is the password?"
+        await pilot.press("enter")
+        engine.release(2)
+        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        engine.release()
+        await pilot.pause(5)  # the app exits before this ends
+        if app.return_code is None:
+            app.exit()
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=signal_as_the_engine_dies)
+    finally:
+        signal.signal(signum, before)
+    assert app.return_code == code
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert (saved.status, saved.answer) == ("cancelled", "The password ")
+    assert engine.closed
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_an_ignored_sighup_stays_ignored(tmp_path):
     """``nohup locks-chat book.pdf``: the app leaves SIGHUP ignored, and puts nothing in its place."""
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
