@@ -124,8 +124,8 @@ def hold_further_interrupts() -> None:
     twice: the second KeyboardInterrupt landed in the middle of the stop, between the saved session and its
     turn (an empty session, the partial answer lost) or before the newline after the partial answer. The stop
     it asks for is under way, so it is dropped. ``locks-chat ask`` holds them too once its answer is complete and
-    saved, while it reports it and shuts the engine down (``locks_chat.cli.ask``). Main thread only (elsewhere a no-op); an ignored signal stays
-    ignored; a second call while holding does nothing.
+    saved, while it reports it and shuts the engine down (``locks_chat.cli.ask``). Main thread only (elsewhere a
+    no-op); an ignored signal stays ignored; a second call while holding does nothing.
     """
     global _stopping
     if threading.current_thread() is not threading.main_thread() or _stopping is not None:
