@@ -1,6 +1,7 @@
 """Quitting while the engine starts or the tokenizer loads: ``App.run()`` (what the CLI calls; ``run_test`` does
 not join the worker threads) returns at once, the conversation saved so far stays saved, and an engine start left
-to its own thread closes its engine when it is up."""
+to its own thread closes its engine when it is up. A stop (a signal, Esc) whose engine core fails meanwhile is still
+a stop: the turn is saved ``cancelled``."""
 
 from __future__ import annotations
 
@@ -191,6 +192,33 @@ def test_an_engine_core_dead_of_the_same_signal_leaves_the_answer_cancelled(tmp_
     assert (saved.status, saved.answer) == ("cancelled", "The password ")
     assert engine.closed
     assert "Traceback" not in capfd.readouterr().err
+
+
+class DyingOnCancel(GatedEngine):
+    """A :class:`GatedEngine` whose engine core fails as the answer is stopped: ``EngineDeadError``, not
+    ``GenerationCancelled``."""
+
+    def _wait(self, ready, cancel) -> None:
+        while not ready():
+            if cancel is not None and cancel.is_set():
+                raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+@pytest.mark.asyncio
+async def test_an_engine_failure_after_esc_leaves_the_answer_cancelled(tmp_path):
+    engine = DyingOnCancel(answer="one two three four")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        app.screen.query_one(PromptInput).value = "Count?"
+        await pilot.press("enter")
+        engine.release(2)
+        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.screen.answering, what="the stop")
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert (saved.status, saved.answer) == ("cancelled", "one two ")
 
 
 def test_an_ignored_sighup_stays_ignored(tmp_path):
