@@ -226,7 +226,8 @@ def ask(
             :class:`Cancelled` is raised instead. ``None``: the failure is raised as it is.
     Raises:
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
-        in the engine), or the engine failed while ``stopping()``. TerminatedError: SIGTERM (``locks_chat.signals``; the request is aborted too).
+        in the engine), or the engine failed while ``stopping()``. TerminatedError: SIGTERM
+        (``locks_chat.signals``; the request is aborted too).
         EngineError: vLLM's engine core failed during the request (``locks_chat.engine_client.engine_failure``:
         the root cause from the engine log).
     """
