@@ -209,6 +209,7 @@ def ask(
     on_step: Callable[[StepReading], None] | None = None,
     cancel: threading.Event | None = None,
     sampling: Sampling = GREEDY,
+    stopping: Callable[[], bool] | None = None,
 ) -> AskResult:
     """Answer ``questions[-1]`` about ``document`` (earlier turns: ``questions[:-1]`` with ``answers``).
 
@@ -219,9 +220,14 @@ def ask(
 
     Args:
         sampling (Sampling): how the engine draws tokens (``locks_engine.sampling``); default greedy.
+        stopping (Callable[[], bool] | None): asked when the engine fails: whether a stop the user asked for is
+            under way (Esc, SIGTERM, SIGHUP); then the failure is that stop's doing (the signal reached vLLM's
+            engine core, in the same process group, and may end it before the app stops the request) and
+            :class:`Cancelled` is raised instead. ``None``: the failure is raised as it is.
     Raises:
         ContextError: the prompt does not fit. Cancelled: ``cancel`` was set or Ctrl+C (the request is aborted
-        in the engine). TerminatedError: SIGTERM (``locks_chat.signals``; the request is aborted too).
+        in the engine), or the engine failed while ``stopping()``. TerminatedError: SIGTERM
+        (``locks_chat.signals``; the request is aborted too).
         EngineError: vLLM's engine core failed during the request (``locks_chat.engine_client.engine_failure``:
         the root cause from the engine log).
     """
@@ -261,6 +267,8 @@ def ask(
     except Exception as err:
         failure = engine_failure(err, log_start)
         if failure is not None:
+            if guard.loop is None and stopping is not None and stopping():
+                raise Cancelled("cancelled: the request was aborted") from err
             raise failure from err
         if type(err).__name__ != "GenerationCancelled":
             raise

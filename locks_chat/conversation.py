@@ -85,6 +85,7 @@ class Conversation:
         self, engine: Any, document: Document, question: str, max_tokens: int, attention: Attention,
         on_text: Callable[[str], None] | None = None, on_step: Callable[[Any], None] | None = None,
         cancel: threading.Event | None = None, live: bool = False, sampling: Any = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> Any:
         """:func:`locks_chat.ask.ask` with :attr:`history`, saving the turn.
 
@@ -96,6 +97,8 @@ class Conversation:
         Args:
             attention (Attention): the engine's setting, kept in the turn's statistics.
             sampling (Sampling | None): how tokens are drawn (kept in the statistics too); ``None``: greedy.
+            stopping (Callable[[], bool] | None): see :func:`locks_chat.ask.ask` (an engine failure during a stop
+                the user asked for is that stop: the turn is saved ``cancelled``).
         Returns:
             AskResult: the answer and its statistics.
         Raises:
@@ -123,7 +126,7 @@ class Conversation:
         try:
             result = self._trimmed(lambda turns: ask(
                 engine, document, [t.question for t in turns] + [question], [t.answer for t in turns], max_tokens,
-                text, on_step, cancel, sampling or GREEDY,
+                text, on_step, cancel, sampling or GREEDY, stopping,
             ))
         except (Cancelled, BrokenPipeError):
             # a stop, or the reader of the streamed answer gone (``ask ... | head``): the answer so far is kept

@@ -67,14 +67,18 @@ def raise_on_sigterm() -> None:
             signal.signal(signum, _raise_terminated)
 
 
-def note_sigterm() -> None:
-    """Record a SIGTERM handled elsewhere (the chat app's loop), for :func:`sigterm_received`."""
+def note_sigterm(signum: int | None = None, frame: object = None) -> None:
+    """Record a SIGTERM or SIGHUP handled elsewhere, for :func:`sigterm_received`. Also a signal handler: the chat
+    app puts it in place of asyncio's no-op one, so that the stop is recorded as soon as the main thread runs
+    Python again, before the event loop gets to its own handler (``locks_chat.tui.app``)."""
     _received.set()
 
 
-def sigterm_received() -> bool:
-    """Whether a SIGTERM has arrived in this process since :func:`raise_on_sigterm` (or :func:`note_sigterm`)."""
-    return _received.is_set()
+def sigterm_received(wait_s: float = 0.0) -> bool:
+    """Whether a SIGTERM (or SIGHUP) has arrived in this process since :func:`raise_on_sigterm` (or
+    :func:`note_sigterm`); with ``wait_s`` > 0, waits up to that many seconds for one to be recorded (a thread that
+    saw the engine core die of the same signal asks so: the main thread records it a moment later)."""
+    return _received.wait(wait_s) if wait_s > 0 else _received.is_set()
 
 
 #: The signals held while the engine starts: Ctrl+C, SIGTERM (``kill``, ``timeout``, service managers) and SIGHUP.
@@ -119,8 +123,9 @@ def hold_further_interrupts() -> None:
     ``timeout`` sends its signal twice (to the process, then to its process group), and a user may press Ctrl+C
     twice: the second KeyboardInterrupt landed in the middle of the stop, between the saved session and its
     turn (an empty session, the partial answer lost) or before the newline after the partial answer. The stop
-    it asks for is under way, so it is dropped. Main thread only (elsewhere a no-op); an ignored signal stays
-    ignored; a second call while holding does nothing.
+    it asks for is under way, so it is dropped. ``locks-chat ask`` holds them too once its answer is complete and
+    saved, while it reports it and shuts the engine down (``locks_chat.cli.ask``). Main thread only (elsewhere a
+    no-op); an ignored signal stays ignored; a second call while holding does nothing.
     """
     global _stopping
     if threading.current_thread() is not threading.main_thread() or _stopping is not None:

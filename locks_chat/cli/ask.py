@@ -13,12 +13,14 @@ from rich.console import Console
 
 from locks_chat.cli.followup import FollowUp
 from locks_chat.errors import Cancelled, LocksChatError, is_text
-from locks_chat.signals import release_held_interrupts
+from locks_chat.signals import hold_further_interrupts, release_held_interrupts
 from locks_engine.config import LocksConfig
 
 if TYPE_CHECKING:
+    from locks_chat.ask import AskResult
     from locks_chat.cli.followup import DocumentInput
     from locks_chat.conversation import Conversation
+    from locks_chat.ingest import Document
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,9 @@ def _answer(options: AskOptions, console: Console, source: DocumentInput, conver
     """:func:`run_ask` once the document is read and its conversation found: load, check the fit, start the
     engine, stream the answer (saved as a turn of ``conversation``), report."""
     from locks_chat.attention import Attention
-    from locks_chat.citations import UNSUPPORTED_TEXT, report_check
-    from locks_chat.cli.followup import cache_note, conversation_json, session_note
     from locks_chat.engine_client import open_engine, open_tokenizer
     from locks_chat.ingest import rich_progress
-    from locks_chat.reading import most_read_text, tail_text
-    from locks_chat.sampling import answer_sampling, sampling_text
+    from locks_chat.sampling import answer_sampling
 
     question, max_tokens = options.question, options.max_tokens
     with rich_progress(f"Reading {Path(source.source).name}", console=console) as progress:
@@ -125,6 +124,10 @@ def _answer(options: AskOptions, console: Console, source: DocumentInput, conver
         sampling = answer_sampling(engine, options.sampling)
         result = conversation.answer(engine, document, question, max_tokens, Attention.of(options.locks),
                                      None if options.json_out else stream, sampling=sampling)
+        # the answer is complete and saved as done: a Ctrl+C or SIGTERM from now on (while the engine shuts
+        # down) must not report it as interrupted, so it is dropped; the answer is written before the shutdown
+        hold_further_interrupts()
+        _report(options, console, result, document, conversation)
     except Cancelled:
         # the error line goes below the partial answer, not after its last word
         if streamed and not "".join(streamed).endswith("\n"):
@@ -134,9 +137,21 @@ def _answer(options: AskOptions, console: Console, source: DocumentInput, conver
         try:
             engine.close()
         finally:
-            release_held_interrupts()  # held since a Ctrl+C or SIGTERM began the stop (locks_chat.ask.ask)
+            release_held_interrupts()  # held since the answer ended, or since a Ctrl+C or SIGTERM began the stop
+
+
+def _report(options: AskOptions, console: Console, result: AskResult, document: Document,
+            conversation: Conversation) -> None:
+    """Write the answer's end: with ``--json`` its one JSON object on stdout, else the newline after the streamed
+    answer, the citation check and the statistics footer on stderr."""
+    from locks_chat.citations import UNSUPPORTED_TEXT, report_check
+    from locks_chat.cli.followup import cache_note, conversation_json, session_note
+    from locks_chat.reading import most_read_text, tail_text
+    from locks_chat.sampling import sampling_text
+
     if options.json_out:
-        print(json.dumps({**result.to_json(document), "session": conversation_json(conversation)}, indent=2))
+        print(json.dumps({**result.to_json(document), "session": conversation_json(conversation)}, indent=2),
+              flush=True)
         return
     print()
     if result.check.supported is False:
@@ -163,4 +178,4 @@ def _answer(options: AskOptions, console: Console, source: DocumentInput, conver
     if result.stopped:
         console.print(f"[yellow]stopped:[/] {result.stopped}", highlight=False)
     elif result.finish_reason == "length":
-        console.print(f"[yellow]note:[/] the answer stopped at --max-tokens {max_tokens}", highlight=False)
+        console.print(f"[yellow]note:[/] the answer stopped at --max-tokens {options.max_tokens}", highlight=False)

@@ -46,7 +46,12 @@ class LocksChatApp(App):
         """SIGTERM quits as Ctrl+Q does (the answer in flight stopped and saved, the engine shut down, the
         terminal restored), with exit code 143; SIGHUP (the terminal closed) likewise, with 129, unless it is
         ignored (``nohup``). Handled on the event loop, not by raising in its thread: a SIGHUP raised there left
-        the app running, engine and all, after its terminal was gone."""
+        the app running, engine and all, after its terminal was gone.
+
+        The signal's Python handler (asyncio's is a no-op: the loop learns of the signal from its wakeup fd) records
+        the stop at once (:func:`~locks_chat.signals.note_sigterm`): the engine core, in the same process group, gets
+        the signal too and may die before the loop runs :meth:`_terminate`; the answer's worker, seeing the engine
+        fail, finds the stop recorded and saves the turn as cancelled (``BookChat.answer``)."""
         self._previous_sigterm = {}
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -58,6 +63,8 @@ class LocksChatApp(App):
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no Unix signals
                 break
             self._previous_sigterm[signum] = previous
+            signal.signal(signum, note_sigterm)
+            signal.siginterrupt(signum, False)  # as asyncio's own handler left it
 
     def _unwatch_sigterm(self) -> None:
         for signum, previous in (self._previous_sigterm or {}).items():

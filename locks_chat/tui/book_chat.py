@@ -23,6 +23,7 @@ from locks_chat.ingest import Document, ProgressCallback, load_document
 from locks_chat.sampling import answer_sampling
 from locks_chat.sessions import SessionInfo, SessionStore, SessionStoreError, Turn, file_hash
 from locks_chat.settings import Settings, load_settings, save_settings
+from locks_chat.signals import sigterm_received
 from locks_chat.transcript import export_transcript
 from locks_chat.tui.meter import EngineTick, MeteredEngine
 from locks_chat.tui.timings import load_timings, save_timings
@@ -33,6 +34,10 @@ EngineFactory = Callable[[str | None, Any, int | None], Any]
 """``open_engine(model, locks_config, max_model_len) -> ChatEngine``"""
 TokenizerFactory = Callable[[str | None, int | None], Any]
 """``open_tokenizer(model, max_model_len) -> ModelTokenizer | None``"""
+
+#: seconds an answer whose engine failed waits for a SIGTERM or SIGHUP to be recorded (the signal that reached the
+#: engine core reached the app too; its main thread records it as soon as it runs Python again)
+STOP_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -250,9 +255,13 @@ class BookChat:
         defaults (``locks_chat.sampling``); the turn is saved whatever happens (an answer that repeated itself:
         through the loop's first occurrence, ``locks_chat.ask.ask``).
 
+        An engine failure while a stop is under way (``cancel`` set, or a SIGTERM or SIGHUP recorded, waiting up
+        to :data:`STOP_WAIT_S` for the main thread to record it) is that stop: the signal reached vLLM's engine
+        core too, which may die before the app stops the request.
+
         Raises:
-            Cancelled: ``cancel`` was set (the partial answer is saved as ``cancelled``). ContextError: the
-            document does not fit. EngineError: no engine, or it failed.
+            Cancelled: ``cancel`` was set, or the app was told to stop (the partial answer is saved as
+            ``cancelled``). ContextError: the document does not fit. EngineError: no engine, or it failed.
         """
         assert self.session is not None and self.document is not None, "open_session and load first"
         if self.engine is None:
@@ -263,6 +272,7 @@ class BookChat:
             result = self.conversation.answer(
                 MeteredEngine(self.engine, on_tick), self.document, question, self.settings.max_tokens,
                 Attention.of(self.locks), on_text, on_step, cancel, live=True, sampling=sampling,
+                stopping=lambda: cancel.is_set() or sigterm_received(STOP_WAIT_S),
             )
         finally:
             self._answering.release()

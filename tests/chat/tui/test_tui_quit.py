@@ -1,6 +1,7 @@
 """Quitting while the engine starts or the tokenizer loads: ``App.run()`` (what the CLI calls; ``run_test`` does
 not join the worker threads) returns at once, the conversation saved so far stays saved, and an engine start left
-to its own thread closes its engine when it is up."""
+to its own thread closes its engine when it is up. A stop (a signal, Esc) whose engine core fails meanwhile is still
+a stop: the turn is saved ``cancelled``."""
 
 from __future__ import annotations
 
@@ -137,6 +138,87 @@ def test_a_signal_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, cap
     assert saved.status == "cancelled" and saved.answer.startswith("The password")
     assert engine.closed and engine.aborted == 1
     assert "Traceback" not in capfd.readouterr().err
+
+
+class EngineDeadError(Exception):
+    """vLLM's exception of that name (``vllm/v1/engine/exceptions.py``), which the app tells by name."""
+
+
+class HungUpEngine(GatedEngine):
+    """A :class:`GatedEngine` whose engine core dies of the app's own signal: after ``words`` words, at the next
+    ``release()``, it sends ``signum`` to the process (the terminal's SIGHUP reaches the whole process group) and
+    fails at once, before the app's event loop could stop the request."""
+
+    def __init__(self, signum: int, words: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.signum, self.words = signum, words
+
+    def stream(self, prompt_ids, max_tokens, cancel=None, sampling=None):
+        for i, event in enumerate(super().stream(prompt_ids, max_tokens, cancel, sampling)):
+            yield event
+            if i + 1 == self.words:
+                self.steps.acquire(timeout=10)
+                os.kill(os.getpid(), self.signum)
+                raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, TERMINATED_EXIT_CODE), (signal.SIGHUP, 128 + signal.SIGHUP)],
+                         ids=["sigterm", "sighup"])
+def test_an_engine_core_dead_of_the_same_signal_leaves_the_answer_cancelled(tmp_path, capfd, signum, code):
+    """The signal reaches vLLM's engine core too (one process group), which can die, and fail the request, before
+    the app stops it: the turn is still the stop's, saved ``cancelled`` with its partial answer (was: ``failed``)."""
+    engine = HungUpEngine(signum, 2, answer="The password is BLUE and the boats are twelve.")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    before = signal.getsignal(signum)
+
+    async def signal_as_the_engine_dies(pilot) -> None:
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        app.screen.query_one(PromptInput).value = "What is the password?"
+        await pilot.press("enter")
+        engine.release(2)
+        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        engine.release()
+        await pilot.pause(5)  # the app exits before this ends
+        if app.return_code is None:
+            app.exit()
+
+    try:
+        app.run(headless=True, size=SIZE, auto_pilot=signal_as_the_engine_dies)
+    finally:
+        signal.signal(signum, before)
+    assert app.return_code == code
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert (saved.status, saved.answer) == ("cancelled", "The password ")
+    assert engine.closed
+    assert "Traceback" not in capfd.readouterr().err
+
+
+class DyingOnCancel(GatedEngine):
+    """A :class:`GatedEngine` whose engine core fails as the answer is stopped: ``EngineDeadError``, not
+    ``GenerationCancelled``."""
+
+    def _wait(self, ready, cancel) -> None:
+        while not ready():
+            if cancel is not None and cancel.is_set():
+                raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+@pytest.mark.asyncio
+async def test_an_engine_failure_after_esc_leaves_the_answer_cancelled(tmp_path):
+    engine = DyingOnCancel(answer="one two three four")
+    app = build_app(write_book(tmp_path), ChatOptions(), Factory(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+        app.screen.query_one(PromptInput).value = "Count?"
+        await pilot.press("enter")
+        engine.release(2)
+        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.screen.answering, what="the stop")
+    store = SessionStore()
+    [saved] = store.turns(store.list_sessions()[0].id)
+    assert (saved.status, saved.answer) == ("cancelled", "one two ")
 
 
 def test_an_ignored_sighup_stays_ignored(tmp_path):
