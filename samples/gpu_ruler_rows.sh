@@ -2,18 +2,20 @@
 # Issue 47's RULER table at 100 samples a task (seed 1234, the six tasks that need no download, 16K and 32K): dense,
 # the default selection at 2,048 tokens, the exact-LSE oracle at 2,048, then the flat scan, the tail estimate and the
 # default at larger budgets with what device time is left. The stages of one call run side by side on the one GPU
-# (the 0.5B model leaves it mostly idle; each engine has its own 16 GiB KV cache and asks for a quarter of the GPU
-# free at its start), each in its own bench_ruler.py process, started 20 s apart; a stage stopped by its limit keeps
-# the tasks it finished. Every stage of a table on one machine (the first 50 samples of each task are the earlier
-# 50-sample runs' own, so those answers check that the samples and the engine are the same):
+# (the 0.5B model leaves it mostly idle; each engine has its own KV cache and asks for a quarter of the GPU free at
+# its start), each in its own bench_ruler.py process, started 20 s apart, all stopped BUDGET_S (560) seconds after
+# the script's start; a stage stopped so keeps the tasks it finished. Every stage of a table on one machine (the
+# first 50 samples of each task are the earlier 50-sample runs' own: those answers check that the samples and the
+# engine are the same):
 #   bash samples/gpu_ruler_rows.sh OUT dense-16k default-16k oracle-16k      # ~6 min
 #   bash samples/gpu_ruler_rows.sh OUT dense-32k default-32k oracle-32k
 # A stage may name some tasks: oracle-32k:ruler_cwe,ruler_fwe. Then, from the files the machine sent back:
 #   python samples/bench_ruler.py --table OUT/*/ruler_*.json
 # usage: on the GPU machine, project root, after samples/tools/gpu_ruler_bundle.sh's parts and
 # samples/tools/gpu_ruler_setup.sh (vLLM, lm-eval, the converted model, punkt_tab and the kept samples in place);
-# MODEL, DOCS and NLTK name where that setup put them (its defaults below), LIMIT the samples a task (100).
-# Every engine as in the 50-sample runs: eager, 16 GiB of KV cache, 32 sequences at once.
+# MODEL, DOCS and NLTK name where that setup put them (its defaults below), LIMIT the samples a task (100), KV_GIB
+# each engine's KV cache (16 GiB; 12 holds the 32 sequences at 32K, for four stages side by side on 80 GB).
+# Every engine as in the 50-sample runs: eager, 32 sequences at once.
 set -euo pipefail
 USAGE="usage: gpu_ruler_rows.sh OUT STAGE [STAGE ...]; STAGE: (dense|default|oracle|flat|tail|default8192|default16384)-(16k|32k)[:TASK,...]"
 OUT=${1:?$USAGE}; shift
@@ -22,6 +24,8 @@ MODEL=${MODEL:-/tmp/evalmodel}
 DOCS=${DOCS:-/tmp/ruler_docs}
 NLTK=${NLTK:-/tmp/nltk}
 LIMIT=${LIMIT:-100}
+KV_GIB=${KV_GIB:-16}
+BUDGET_S=${BUDGET_S:-560}
 export PYTHONUNBUFFERED=1
 commands=()
 for STAGE in "$@"; do
@@ -43,17 +47,18 @@ for STAGE in "$@"; do
     *) echo "unknown stage $STAGE; $USAGE"; exit 2 ;;
   esac
   commands+=("python3 samples/bench_ruler.py --model $MODEL --lengths $LENGTH --settings $SETTING $TASKS \
---limit $LIMIT --eager --docs-cache $DOCS --timeout-s 560 --kv-cache-gib 16 --max-num-seqs 32 --nltk-data $NLTK \
+--limit $LIMIT --eager --docs-cache $DOCS --timeout-s @TIMEOUT@ --kv-cache-gib $KV_GIB --max-num-seqs 32 --nltk-data $NLTK \
 --gpu-memory-utilization 0.25 --out-dir $OUT")
 done
 mkdir -p "$OUT/logs"
 pids=()
 for i in "${!commands[@]}"; do
   [ "$i" -gt 0 ] && sleep 20
-  log="$OUT/logs/stage$i.txt"; echo "${commands[$i]}" > "$log"
-  bash -c "${commands[$i]}" >> "$log" 2>&1 & pids+=($!)
+  log="$OUT/logs/stage$i.txt"; command=${commands[$i]//@TIMEOUT@/$((BUDGET_S - SECONDS))}
+  echo "$command" > "$log"
+  bash -c "$command" >> "$log" 2>&1 & pids+=($!)
 done
 status=0
 for i in "${!pids[@]}"; do wait "${pids[$i]}" || { status=1; echo "stage $i failed: $(tail -n 3 "$OUT/logs/stage$i.txt")"; }; done
-for i in "${!commands[@]}"; do echo "== ${commands[$i]%% --limit*}"; grep -E "%|wrote|failed" "$OUT/logs/stage$i.txt" | tail -n 8; done
+for i in "${!commands[@]}"; do echo "== ${commands[$i]%% --limit*}"; { grep -E "%|wrote|failed" "$OUT/logs/stage$i.txt" || true; } | tail -n 8; done
 exit $status
