@@ -165,9 +165,20 @@ def brute_force_tail_share(run: Run, selected: torch.Tensor) -> list[float]:
     return shares
 
 
-def test_the_statistics_carry_the_tails_share_of_the_estimated_mass(tmp_path, platform: str) -> None:
+@pytest.mark.parametrize("in_kernel", [False, True], ids=["torch-share", "kernel-share"])
+def test_the_statistics_carry_the_tails_share_of_the_estimated_mass(tmp_path, platform: str, in_kernel: bool,
+                                                                    monkeypatch) -> None:
+    """The share, whether the CUDA path computes it with torch (``ops.tail.tail_mass_share``) or takes it from the
+    tail kernels' own passes (``locks_kernels.tail.SHARE_IN_KERNEL``)."""
     from locks_engine.stats import StatsRing
     from tests.backend.test_oracle_backend import recorded_run
+
+    if in_kernel:
+        if platform != "cuda":
+            pytest.skip("the kernels' share: the CUDA path only")
+        from locks_kernels import tail as tail_kernels
+
+        monkeypatch.setattr(tail_kernels, "SHARE_IN_KERNEL", True)
 
     batch, path = SCENARIOS["medium_decode"], tmp_path / "stats.bin"
     cfg = LocksConfig(budget=4 * PAGE, selection="oracle", tail="int8")
