@@ -7,15 +7,15 @@
 # the script's start; a stage stopped so keeps the tasks it finished. Every stage of a table on one machine (the
 # first 50 samples of each task are the earlier 50-sample runs' own: those answers check that the samples and the
 # engine are the same):
-#   bash samples/gpu_ruler_rows.sh OUT dense-16k default-16k oracle-16k      # ~6 min
-#   bash samples/gpu_ruler_rows.sh OUT dense-32k default-32k oracle-32k
+#   bash samples/gpu_ruler_rows.sh OUT dense-16k default-16k oracle-16k flat-16k
+#   bash samples/gpu_ruler_rows.sh OUT dense-32k default-32k oracle-32k flat-32k
 # A stage may name some tasks: oracle-32k:ruler_cwe,ruler_fwe. Then, from the files the machine sent back:
 #   python samples/bench_ruler.py --table OUT/*/ruler_*.json
 # usage: on the GPU machine, project root, after samples/tools/gpu_ruler_bundle.sh's parts and
 # samples/tools/gpu_ruler_setup.sh (vLLM, lm-eval, the converted model, punkt_tab and the kept samples in place);
 # MODEL, DOCS and NLTK name where that setup put them (its defaults below), LIMIT the samples a task (100), KV_GIB
-# each engine's KV cache (16 GiB; 12 holds the 32 sequences at 32K, for four stages side by side on 80 GB).
-# Every engine as in the 50-sample runs: eager, 32 sequences at once.
+# each engine's KV cache (12 GiB: the 32 sequences at 32K; four engines fit an 80 GB GPU). Every engine as in the
+# 50-sample runs (which had 16 GiB each, one engine at a time): eager, 32 sequences at once.
 set -euo pipefail
 USAGE="usage: gpu_ruler_rows.sh OUT STAGE [STAGE ...]; STAGE: (dense|default|oracle|flat|tail|default8192|default16384)-(16k|32k)[:TASK,...]"
 OUT=${1:?$USAGE}; shift
@@ -24,7 +24,7 @@ MODEL=${MODEL:-/tmp/evalmodel}
 DOCS=${DOCS:-/tmp/ruler_docs}
 NLTK=${NLTK:-/tmp/nltk}
 LIMIT=${LIMIT:-100}
-KV_GIB=${KV_GIB:-16}
+KV_GIB=${KV_GIB:-12}
 BUDGET_S=${BUDGET_S:-560}
 export PYTHONUNBUFFERED=1
 commands=()
