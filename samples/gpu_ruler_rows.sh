@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 47's RULER table at 100 samples a task (seed 1234, the six tasks that need no download, 16K and 32K): dense,
 # the default selection at 2,048 tokens, the exact-LSE oracle at 2,048, then the flat scan, the tail estimate and the
-# default at larger budgets with what device time is left. The stages of one call run side by side on the one GPU
-# (the 0.5B model leaves it mostly idle; each engine has its own KV cache and asks for a quarter of the GPU free at
-# its start), each in its own bench_ruler.py process, started 20 s apart, all stopped BUDGET_S (560) seconds after
-# the script's start; a stage stopped so keeps the tasks it finished. Every stage of a table on one machine (the
+# default at larger budgets with what device time is left. The stages of one call run side by side on the one GPU,
+# to overlap the engines' starts and eager decode steps, which keep the GPU waiting on the host (how much that saves
+# is not measured yet): each engine has its own KV cache and asks for a quarter of the GPU free at its start, each
+# stage is its own bench_ruler.py process, started 20 s apart, all stopped BUDGET_S (560) seconds after the script's
+# start; a stage stopped so keeps the tasks it finished. Every stage of a table on one machine (the
 # first 50 samples of each task are the earlier 50-sample runs' own: those answers check that the samples and the
 # engine are the same):
 #   bash samples/gpu_ruler_rows.sh OUT dense-16k default-16k oracle-16k flat-16k
