@@ -8,8 +8,8 @@
 # start; a stage stopped so keeps the tasks it finished. Every stage of a table on one machine (the
 # first 50 samples of each task are the earlier 50-sample runs' own: those answers check that the samples and the
 # engine are the same):
-#   bash samples/gpu_ruler_rows.sh OUT dense-16k default-16k oracle-16k flat-16k
-#   bash samples/gpu_ruler_rows.sh OUT dense-32k default-32k oracle-32k flat-32k
+#   bash samples/gpu_ruler_rows.sh dense-16k default-16k oracle-16k flat-16k OUT
+#   bash samples/gpu_ruler_rows.sh dense-32k default-32k oracle-32k flat-32k OUT
 # A stage may name some tasks: oracle-32k:ruler_cwe,ruler_fwe. Then, from the files the machine sent back:
 #   python samples/bench_ruler.py --table OUT/*/ruler_*.json
 # usage: on the GPU machine, project root, after samples/tools/gpu_ruler_bundle.sh's parts and
@@ -18,9 +18,10 @@
 # each engine's KV cache (12 GiB: the 32 sequences at 32K; four engines fit an 80 GB GPU). Every engine as in the
 # 50-sample runs (which had 16 GiB each, one engine at a time): eager, 32 sequences at once.
 set -euo pipefail
-USAGE="usage: gpu_ruler_rows.sh OUT STAGE [STAGE ...]; STAGE: (dense|default|oracle|flat|tail|default8192|default16384)-(16k|32k)[:TASK,...]"
-OUT=${1:?$USAGE}; shift
-[ $# -ge 1 ] || { echo "$USAGE"; exit 2; }
+USAGE="usage: gpu_ruler_rows.sh STAGE [STAGE ...] OUT; STAGE: (dense|default|oracle|flat|tail|default8192|default16384)-(16k|32k)[:TASK,...]"
+[ $# -ge 2 ] || { echo "$USAGE"; exit 2; }
+OUT=${!#}; STAGES=("${@:1:$#-1}")
+case "$OUT" in *-16k | *-32k | *-16k:* | *-32k:*) echo "the last argument is OUT, not a stage ($OUT); $USAGE"; exit 2 ;; esac
 MODEL=${MODEL:-/tmp/evalmodel}
 DOCS=${DOCS:-/tmp/ruler_docs}
 NLTK=${NLTK:-/tmp/nltk}
@@ -29,7 +30,7 @@ KV_GIB=${KV_GIB:-12}
 BUDGET_S=${BUDGET_S:-560}
 export PYTHONUNBUFFERED=1
 commands=()
-for STAGE in "$@"; do
+for STAGE in "${STAGES[@]}"; do
   NAME=${STAGE%%:*}; TASKS=""
   [ "$NAME" != "$STAGE" ] && TASKS="--tasks ${STAGE#*:}" && TASKS=${TASKS//,/ }
   case "${NAME%-*}" in
