@@ -103,6 +103,15 @@ def test_quitting_while_the_tokenizer_loads_does_not_wait_for_it(tmp_path, capfd
     assert "Traceback" not in capfd.readouterr().err
 
 
+async def ask_until_two_tokens(pilot, app, engine: GatedEngine) -> None:
+    """Ask the password question once the app is ready, let two tokens through, wait until the heat map shows them."""
+    await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
+    app.screen.query_one(PromptInput).value = "What is the password?"
+    await pilot.press("enter")
+    engine.release(2)
+    await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, TERMINATED_EXIT_CODE), (signal.SIGHUP, 128 + signal.SIGHUP)],
                          ids=["sigterm", "sighup"])
 def test_a_signal_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, capfd, signum, code):
@@ -116,11 +125,7 @@ def test_a_signal_quits_like_ctrl_q_and_saves_the_answer_in_flight(tmp_path, cap
     before = signal.signal(signum, lambda got, frame: seen.append(got))
 
     async def signal_mid_answer(pilot) -> None:
-        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
-        app.screen.query_one(PromptInput).value = "What is the password?"
-        await pilot.press("enter")
-        engine.release(2)
-        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        await ask_until_two_tokens(pilot, app, engine)
         os.kill(os.getpid(), signum)
         await pilot.pause(5)  # the app exits before this ends
         if app.return_code is None:
@@ -172,11 +177,7 @@ def test_an_engine_core_dead_of_the_same_signal_leaves_the_answer_cancelled(tmp_
     before = signal.getsignal(signum)
 
     async def signal_as_the_engine_dies(pilot) -> None:
-        await until(pilot, lambda: app.chat.engine is not None and app.chat.document is not None, what="ready")
-        app.screen.query_one(PromptInput).value = "What is the password?"
-        await pilot.press("enter")
-        engine.release(2)
-        await until(pilot, lambda: app.screen.query_one(PageHeatMap).token == 2, what="token 2")
+        await ask_until_two_tokens(pilot, app, engine)
         engine.release()
         await pilot.pause(5)  # the app exits before this ends
         if app.return_code is None:
